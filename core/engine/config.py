@@ -1,0 +1,106 @@
+"""Engine arguments: one dataclass whose field names are the CLI flags with underscores.
+
+``LLM(model=..., max_num_batched_tokens=...)`` and ``engine serve --max-num-batched-tokens``
+both fill ``EngineArgs``; each field's metadata carries its help text and help group so
+the CLI, ``--config file.yaml`` and the docs are generated from this one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+
+def arg(default: Any, help: str, group: str = "engine", **extra: Any) -> Any:
+    """A dataclass field with CLI metadata."""
+    meta = {"help": help, "group": group, **extra}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class EngineArgs:
+    # model
+    model: str | None = arg(None, "HF-format folder or GGUF file to serve.", "model")
+    tokenizer: str | None = arg(None, "Tokenizer folder (default: the model's).", "model")
+    revision: str | None = arg(None, "Model revision (hub checkouts only).", "model")
+    download_dir: str | None = arg(None, "Where hub downloads are cached.", "model")
+    trust_remote_code: bool = arg(False, "Allow custom code from the checkpoint.", "model")
+    dtype: str = arg("auto", "auto, float16, bfloat16 or float32.", "model")
+    max_model_len: int | None = arg(None, "Context length (default: the model's).", "model")
+    load_format: str = arg("auto", "auto, or dummy for random weights from config.", "model")
+    quantization: str | None = arg(None, "Quantization method (e.g. fp8).", "model")
+    seed: int = arg(0, "Seed for weight init with --load-format dummy.", "model")
+    chat_template: str | None = arg(None, "Chat template file or inline Jinja.", "model")
+    generation_config: str = arg(
+        "auto", "auto (the model's generation_config.json), vllm (neutral) or a folder.", "model"
+    )
+    override_generation_config: dict[str, Any] = arg(
+        {}, "JSON dict overriding sampling defaults.", "model"
+    )
+    # cache
+    block_size: int = arg(16, "Tokens per KV cache block.", "cache")
+    gpu_memory_utilization: float = arg(0.92, "Fraction of device memory to use.", "cache")
+    kv_cache_memory_bytes: int | None = arg(
+        None, "KV cache size in bytes (required on CPU unless defaulted).", "cache"
+    )
+    kv_cache_dtype: str = arg("auto", "auto (model dtype) or fp8.", "cache")
+    enable_prefix_caching: bool = arg(True, "Reuse KV blocks of shared prefixes.", "cache")
+    prefix_caching_hash_algo: str = arg("sha256", "sha256 or xxhash.", "cache")
+    # scheduler
+    max_num_seqs: int = arg(256, "Most sequences in one step.", "scheduler")
+    max_num_batched_tokens: int | None = arg(
+        None, "Token budget per step (default 8192, at least max_num_seqs).", "scheduler"
+    )
+    enable_chunked_prefill: bool = arg(True, "Split long prompts across steps.", "scheduler")
+    long_prefill_token_threshold: int = arg(
+        0, "Cap on prompt tokens one request gets per step (0: off).", "scheduler"
+    )
+    scheduling_policy: str = arg("fcfs", "fcfs or priority.", "scheduler")
+    max_num_queued_reqs: int | None = arg(None, "Reject new requests past this queue.", "scheduler")
+    max_num_queued_tokens: int | None = arg(
+        None, "Reject new requests past this many queued prompt tokens.", "scheduler"
+    )
+    # execution
+    device: str = arg("auto", "auto, cpu or cuda.", "execution")
+    attention_backend: str | None = arg(None, "Attention backend plugin name.", "execution")
+    enforce_eager: bool = arg(False, "Disable CUDA graphs.", "execution")
+    tensor_parallel_size: int = arg(1, "Number of GPUs to shard the model over.", "execution")
+    max_logprobs: int = arg(20, "Most logprobs a request may ask for.", "execution")
+    # plugins
+    plugins: list[str] = arg([], "Plugins to require (NAME) or block (no:NAME).", "plugins")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
+        """Build from keywords; an unknown keyword names the closest known ones."""
+        known = set(cls.field_names())
+        unknown = [k for k in kwargs if k not in known]
+        if unknown:
+            import difflib
+
+            hints = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, sorted(known), n=3)
+                hints.append(f"{name!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+            raise TypeError(f"unknown engine argument(s): {'; '.join(hints)}")
+        return cls(**kwargs)
+
+    def effective_max_num_batched_tokens(self) -> int:
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return max(8192, self.max_num_seqs)
+
+
+def field_defaults() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in fields(EngineArgs):
+        if f.default is not MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not MISSING:
+            out[f.name] = f.default_factory()
+    return out

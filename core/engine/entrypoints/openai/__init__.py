@@ -1,0 +1,1 @@
+"""entrypoints/openai package."""

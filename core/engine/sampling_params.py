@@ -1,0 +1,122 @@
+"""Per-request sampling settings (offline ``SamplingParams`` and the server's fields).
+
+No torch here: the API layer builds these for every request. ``validate`` raises
+``ValueError`` with a message naming the field and the allowed range; the HTTP layer turns
+that into a 400.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+_GREEDY_EPS = 1e-5
+
+
+@dataclass
+class StructuredOutputsParams:
+    """Exactly one constraint: ``json`` (a JSON Schema, dict or string), ``regex``,
+    ``choice`` (list of strings), ``grammar`` (EBNF/Lark text) or ``json_object``."""
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def kind_and_spec(self) -> tuple[str, Any]:
+        set_fields = [(f.name, getattr(self, f.name)) for f in fields(self)]
+        chosen = [(k, v) for k, v in set_fields if v not in (None, False)]
+        if len(chosen) != 1:
+            names = ", ".join(f.name for f in fields(self))
+            raise ValueError(f"structured_outputs needs exactly one of {names}; got {len(chosen)}")
+        return chosen[0]
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
+    # Filled by the engine, not by users: EOS ids from the tokenizer / generation config.
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.top_k == -1:
+            self.top_k = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    def clone(self, **changes: Any) -> SamplingParams:
+        return replace(self, **changes)
+
+    def validate(self, max_logprobs: int = 20) -> None:
+        """Raise ``ValueError`` naming the first field out of range."""
+
+        def finite(name: str, value: float) -> None:
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
+
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        ):
+            finite(name, float(getattr(self, name)))
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be -1 (off), 0 (off) or positive, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty <= 2:
+            raise ValueError(
+                f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}"
+            )
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= max_logprobs:
+                raise ValueError(f"{name} must be in [0, {max_logprobs}], got {value}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+        if self.structured_outputs is not None:
+            self.structured_outputs.kind_and_spec()

@@ -1,0 +1,1 @@
+"""Base classes plugin implementations subclass. Submodules import torch where needed."""

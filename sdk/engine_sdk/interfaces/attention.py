@@ -1,0 +1,106 @@
+"""The attention-backend contract: paged KV cache layout, per-step metadata, forward.
+
+The engine owns the KV cache tensors and the block tables; a backend says how one layer's
+cache is shaped, and computes attention for a flat batch of tokens from many requests.
+
+A step's tokens are packed request after request::
+
+    tokens:        [ r0 t0 t1 t2 | r1 t0 | r2 t0 t1 ]        num_tokens = 6
+    query_start:   0             3       4          6     (num_seqs + 1 entries)
+    seq_lens:      r0: 10        r1: 7   r2: 2            (cached context + new tokens)
+
+Request ``i`` has ``seq_lens[i] - query_lens[i]`` tokens already in the cache (a cached
+prefix, an earlier prefill chunk or earlier decode steps); its new tokens sit at positions
+``seq_lens[i] - query_lens[i] ... seq_lens[i] - 1`` and attend causally to everything
+before them. ``slot_mapping[t] = block_id * block_size + offset`` is where token ``t``'s
+K and V are written; ``block_tables[i, j]`` is the j-th block of request ``i``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class AttentionLayerConfig:
+    """The shape of one attention layer, fixed at model build time."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    block_size: int
+    dtype: torch.dtype
+    kv_cache_dtype: str = "auto"
+    sliding_window: int | None = None
+
+
+@dataclass
+class AttentionBatch:
+    """One step's attention inputs, already on the model's device.
+
+    ``query_start_loc`` int32 [num_seqs + 1], ``seq_lens`` int32 [num_seqs],
+    ``block_tables`` int32 [num_seqs, max_blocks_per_seq] (padded with 0),
+    ``slot_mapping`` int64 [num_tokens] (-1 for padding tokens that write nothing).
+    The host copies (``*_cpu``) let reference backends loop without syncing.
+    """
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    slot_mapping: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    num_seqs: int
+    num_tokens: int
+    query_start_loc_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+class AttentionBackend(ABC):
+    """Computes paged attention for one layer.
+
+    The engine creates one instance per attention layer through the model, calls
+    ``build_metadata`` once per step (on the first layer's backend; the result is shared by
+    all layers) and ``forward`` once per layer per step.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, config: AttentionLayerConfig) -> None:
+        self.config = config
+
+    @staticmethod
+    def kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
+        """Shape of one layer's cache tensor. Default: K and V stacked first."""
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    def build_metadata(self, batch: AttentionBatch) -> Any:
+        """Turn the step's batch into whatever ``forward`` wants (default: the batch)."""
+        return batch
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: Any,
+    ) -> torch.Tensor:
+        """Write ``key``/``value`` into ``kv_cache`` at the slots, then attend.
+
+        ``query`` is [num_tokens, num_heads, head_dim]; ``key`` and ``value`` are
+        [num_tokens, num_kv_heads, head_dim]. Returns [num_tokens, num_heads * head_dim].
+        """

@@ -1,0 +1,170 @@
+"""Registration records that plugin hooks return.
+
+A spec is metadata only: a name, a lazy ``"module:attr"`` target and the capabilities the
+plugin declares. The engine reads specs without importing the target, so listing plugins
+never imports torch; the target is imported only when the engine picks it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+__all__ = [
+    "AttentionBackendSpec",
+    "CLICommandSpec",
+    "ModelArchitectureSpec",
+    "ModelFormatSpec",
+    "PluginSpec",
+    "QuantizationMethodSpec",
+    "ReasoningParserSpec",
+    "StructuredOutputBackendSpec",
+    "ToolParserSpec",
+    "SPEC_KINDS",
+]
+
+
+def _check_target(target: str) -> None:
+    module, sep, attr = target.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"target {target!r} must look like 'package.module:Attribute'")
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    """Common fields of every spec.
+
+    ``name`` is what users type (``--tool-call-parser hermes``); ``target`` is the lazy
+    ``"module:attr"`` path of the implementation; ``description`` is one line for listings.
+    """
+
+    kind: ClassVar[str] = "plugin"
+    name: str
+    target: str
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"spec name {self.name!r} must be letters, digits, '-' or '_'")
+        _check_target(self.target)
+
+    def capabilities(self) -> dict[str, object]:
+        """Declared capabilities shown by ``engine plugins list`` (kind-specific fields)."""
+        return {}
+
+
+@dataclass(frozen=True)
+class AttentionBackendSpec(PluginSpec):
+    """An attention backend. ``priority`` orders automatic selection (higher wins)."""
+
+    kind: ClassVar[str] = "attention_backend"
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
+    block_sizes: tuple[int, ...] = (16, 32)
+    kv_cache_dtypes: tuple[str, ...] = ("auto",)
+    priority: int = 0
+
+    def capabilities(self) -> dict[str, object]:
+        return {
+            "devices": list(self.devices),
+            "dtypes": list(self.dtypes),
+            "block_sizes": list(self.block_sizes),
+            "kv_cache_dtypes": list(self.kv_cache_dtypes),
+            "priority": self.priority,
+        }
+
+
+@dataclass(frozen=True)
+class ModelArchitectureSpec(PluginSpec):
+    """A model architecture; ``architectures`` are the HF ``config.json`` names it serves."""
+
+    kind: ClassVar[str] = "model_architecture"
+    architectures: tuple[str, ...] = ()
+
+    def capabilities(self) -> dict[str, object]:
+        return {"architectures": list(self.architectures)}
+
+
+@dataclass(frozen=True)
+class QuantizationMethodSpec(PluginSpec):
+    """A quantization method; the target is its ``QuantizationConfig`` subclass.
+
+    ``name`` matches a checkpoint's ``quantization_config.quant_method``. ``devices`` and
+    ``min_capability`` (CUDA compute capability times ten, e.g. 89) say what hardware the
+    fast path needs; ``reference_devices`` can run a slower reference path.
+    """
+
+    kind: ClassVar[str] = "quantization_method"
+    devices: tuple[str, ...] = ("cuda",)
+    min_capability: int | None = None
+    reference_devices: tuple[str, ...] = ("cpu",)
+
+    def capabilities(self) -> dict[str, object]:
+        return {
+            "devices": list(self.devices),
+            "min_capability": self.min_capability,
+            "reference_devices": list(self.reference_devices),
+        }
+
+
+@dataclass(frozen=True)
+class ToolParserSpec(PluginSpec):
+    """A tool-call parser (``--tool-call-parser NAME``); the target is a ``ToolParser``."""
+
+    kind: ClassVar[str] = "tool_parser"
+
+
+@dataclass(frozen=True)
+class ReasoningParserSpec(PluginSpec):
+    """A reasoning parser (``--reasoning-parser NAME``); the target is a ``ReasoningParser``."""
+
+    kind: ClassVar[str] = "reasoning_parser"
+
+
+@dataclass(frozen=True)
+class ModelFormatSpec(PluginSpec):
+    """A checkpoint format loader (for example GGUF).
+
+    ``suffixes`` are file endings the loader claims (``.gguf``); the target is a
+    ``ModelFormat`` subclass that turns the file into config, tokenizer and weights.
+    """
+
+    kind: ClassVar[str] = "model_format"
+    suffixes: tuple[str, ...] = ()
+
+    def capabilities(self) -> dict[str, object]:
+        return {"suffixes": list(self.suffixes)}
+
+
+@dataclass(frozen=True)
+class StructuredOutputBackendSpec(PluginSpec):
+    """A grammar backend for structured outputs; the target is a ``StructuredOutputBackend``."""
+
+    kind: ClassVar[str] = "structured_output_backend"
+    priority: int = 0
+
+    def capabilities(self) -> dict[str, object]:
+        return {"priority": self.priority}
+
+
+@dataclass(frozen=True)
+class CLICommandSpec(PluginSpec):
+    """An ``engine`` sub-command; the target is a ``typer.Typer`` app or a plain function."""
+
+    kind: ClassVar[str] = "cli_command"
+    help: str = field(default="")
+
+
+SPEC_KINDS: dict[str, type[PluginSpec]] = {
+    cls.kind: cls
+    for cls in (
+        AttentionBackendSpec,
+        ModelArchitectureSpec,
+        QuantizationMethodSpec,
+        ToolParserSpec,
+        ReasoningParserSpec,
+        ModelFormatSpec,
+        StructuredOutputBackendSpec,
+        CLICommandSpec,
+    )
+}
