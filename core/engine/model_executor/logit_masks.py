@@ -1,0 +1,77 @@
+"""Hard masks on a batch of logits: ``min_tokens`` and structured-output allowed sets.
+
+Both set forbidden tokens to ``-inf`` before temperature, so neither greedy nor random
+sampling can pick them.
+
+- ``min_tokens``: while a row has produced fewer than ``min_tokens`` tokens, its EOS ids
+  (``params.eos_token_ids``, masked even when ``ignore_eos`` is set: ``ignore_eos`` only
+  tells the scheduler not to stop) and its ``stop_token_ids`` are forbidden.
+- ``allowed_token_masks``: one bool ``[V']`` tensor per row (or ``None``: no
+  constraint). ``V'`` may be smaller than the model's vocabulary (tokenizers often have
+  fewer tokens than the padded embedding); the ids past ``V'`` are then forbidden.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+def apply_min_tokens(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    output_token_ids: Sequence[Sequence[int]],
+) -> torch.Tensor:
+    """Forbid EOS and stop token ids in rows still short of ``min_tokens``; in place."""
+    vocab_size = logits.shape[1]
+    row_ids: list[int] = []
+    token_ids: list[int] = []
+    for i, p in enumerate(params):
+        if p.min_tokens <= 0 or len(output_token_ids[i]) >= p.min_tokens:
+            continue
+        # Ids outside the vocabulary cannot be sampled anyway; an EOS id of a tokenizer
+        # larger than the model's logits is not worth failing a request for.
+        banned = {t for t in (*p.eos_token_ids, *p.stop_token_ids) if 0 <= t < vocab_size}
+        row_ids.extend([i] * len(banned))
+        token_ids.extend(banned)
+    if row_ids:
+        rows = torch.tensor(row_ids, dtype=torch.long).to(logits.device)
+        cols = torch.tensor(token_ids, dtype=torch.long).to(logits.device)
+        logits[rows, cols] = float("-inf")
+    return logits
+
+
+def apply_allowed_token_masks(
+    logits: torch.Tensor, allowed_token_masks: Sequence[torch.Tensor | None]
+) -> torch.Tensor:
+    """Set every token a row's mask does not allow to ``-inf``; in place."""
+    num_rows, vocab_size = logits.shape
+    if len(allowed_token_masks) != num_rows:
+        raise ValueError(
+            f"allowed_token_masks has {len(allowed_token_masks)} entries for {num_rows} "
+            "rows of logits; pass one mask (or None) per row"
+        )
+    rows = [i for i, m in enumerate(allowed_token_masks) if m is not None]
+    if not rows:
+        return logits
+    allowed = torch.zeros(len(rows), vocab_size, dtype=torch.bool, device=logits.device)
+    for j, i in enumerate(rows):
+        mask = allowed_token_masks[i]
+        assert mask is not None
+        if mask.dim() != 1 or mask.dtype != torch.bool:
+            raise ValueError(
+                f"allowed_token_masks[{i}] must be a 1-D bool tensor, got "
+                f"{mask.dtype} of shape {tuple(mask.shape)}"
+            )
+        if mask.shape[0] > vocab_size:
+            raise ValueError(
+                f"allowed_token_masks[{i}] covers {mask.shape[0]} tokens but the logits "
+                f"have {vocab_size}; build the mask for the model's vocabulary size"
+            )
+        allowed[j, : mask.shape[0]] = mask.to(logits.device, non_blocking=True)
+    row_index = torch.tensor(rows, dtype=torch.long).to(logits.device)
+    logits[row_index] = logits[row_index].masked_fill(~allowed, float("-inf"))
+    return logits

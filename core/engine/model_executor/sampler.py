@@ -1,0 +1,202 @@
+"""The sampler: one batch of logits in, one token (and optional logprobs) per row out.
+
+Pipeline, each stage vectorised over the rows and skipped when no row uses it::
+
+    logits ─┬─> penalties ─> min_tokens, allowed masks ─┬─> argmax ──────────> greedy rows
+            │   (repetition,  (-inf)                     │
+            │    presence,                               └─> / temperature ─> top-k ─> top-p
+            │    frequency)          ─> min-p ─> softmax ─> exponential race ─> random rows
+            └─> log_softmax (raw) ─> chosen logprob, rank, top-k ──────────> logprobs
+
+- Greedy (``temperature < 1e-5``) is exactly ``torch.argmax`` of the processed logits
+  (ties: lowest id), so the engine matches Hugging Face ``generate`` token for token.
+- Random rows sample by the exponential race: ``argmax(probs / q)`` with ``q ~ Exp(1)``
+  per token picks token ``i`` with probability ``probs[i]``. A row with a generator draws
+  its ``q`` from that generator alone, so a seeded row gives the same tokens whatever else
+  is in the batch; the others share the device's default generator.
+- Logprobs are of the raw logits (see ``logprobs.py``).
+- One host sync per call: the token ids (and packed logprobs) come back in one copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.core.scheduler_output import Logprobs
+from engine.model_executor.logit_masks import apply_allowed_token_masks, apply_min_tokens
+from engine.model_executor.logprobs import (
+    compute_prompt_logprobs,
+    gather_logprobs,
+    unpack_logprobs,
+)
+from engine.model_executor.penalties import apply_penalties, needs_penalties
+from engine.model_executor.topk_topp import apply_min_p, apply_top_k_top_p
+from engine.sampling_params import SamplingParams
+
+__all__ = ["Sampler", "SamplerOutput", "SamplingBatch", "compute_prompt_logprobs"]
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row inputs of one ``Sampler`` call; every list has one entry per logits row."""
+
+    params: list[SamplingParams]
+    generators: list[torch.Generator | None]
+    prompt_token_ids: list[list[int]]
+    output_token_ids: list[list[int]]
+    # Structured outputs: bool [V] per row (True = allowed), None = unconstrained.
+    allowed_token_masks: list[torch.Tensor | None] | None = None
+
+    def __post_init__(self) -> None:
+        num_rows = len(self.params)
+        lists: dict[str, Sequence[object] | None] = {
+            "generators": self.generators,
+            "prompt_token_ids": self.prompt_token_ids,
+            "output_token_ids": self.output_token_ids,
+            "allowed_token_masks": self.allowed_token_masks,
+        }
+        for name, values in lists.items():
+            if values is not None and len(values) != num_rows:
+                raise ValueError(
+                    f"SamplingBatch.{name} has {len(values)} entries but params has "
+                    f"{num_rows}; pass one entry per row"
+                )
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[Logprobs | None]  # None where the row's params.logprobs is None
+
+
+class Sampler:
+    """Stateless: all per-request state (generators, token history) comes in the batch."""
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        if logits.dim() != 2 or logits.shape[0] != len(batch):
+            raise ValueError(
+                f"Sampler expects logits [num_rows, vocab_size] with num_rows == "
+                f"len(batch) == {len(batch)}, got shape {tuple(logits.shape)}"
+            )
+        params = batch.params
+        processed = self._process_logits(logits, batch)
+        token_ids = processed.argmax(dim=-1)
+        random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if random_rows:
+            sampled = self._sample_random(processed, batch, random_rows)
+            if len(random_rows) == len(params):
+                token_ids = sampled
+            else:
+                rows = _index_tensor(random_rows, logits.device)
+                token_ids = token_ids.index_copy(0, rows, sampled)
+        return self._to_host(logits, token_ids, params)
+
+    # -- phases ---------------------------------------------------------------------------
+
+    def _process_logits(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """Penalties and hard masks, on a float32 copy (the caller's logits stay intact,
+        they are needed raw for logprobs)."""
+        params = batch.params
+        uses_min_tokens = any(
+            p.min_tokens > len(out) for p, out in zip(params, batch.output_token_ids, strict=True)
+        )
+        uses_masks = batch.allowed_token_masks is not None and any(
+            m is not None for m in batch.allowed_token_masks
+        )
+        uses_penalties = needs_penalties(params)
+        if not (uses_min_tokens or uses_masks or uses_penalties):
+            return logits.float()
+        work = logits.to(torch.float32, copy=True)
+        if uses_penalties:
+            apply_penalties(work, params, batch.prompt_token_ids, batch.output_token_ids)
+        if uses_min_tokens:
+            apply_min_tokens(work, params, batch.output_token_ids)
+        if uses_masks:
+            assert batch.allowed_token_masks is not None
+            apply_allowed_token_masks(work, batch.allowed_token_masks)
+        return work
+
+    def _sample_random(
+        self, processed: torch.Tensor, batch: SamplingBatch, random_rows: list[int]
+    ) -> torch.Tensor:
+        """Temperature, truncation and the exponential race for the non-greedy rows."""
+        device = processed.device
+        vocab_size = processed.shape[1]
+        params = [batch.params[i] for i in random_rows]
+        if len(random_rows) == len(batch):
+            logits = processed
+        else:
+            logits = processed[_index_tensor(random_rows, device)]
+
+        temperatures = [p.temperature for p in params]
+        if any(t != 1.0 for t in temperatures):
+            logits = logits / _float_tensor(temperatures, device)[:, None]
+
+        top_ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+        top_k = _index_tensor(top_ks, device) if min(top_ks) < vocab_size else None
+        max_top_k = max((k for k in top_ks if k < vocab_size), default=vocab_size)
+        top_p = None
+        if any(p.top_p < 1.0 for p in params):
+            top_p = _float_tensor([p.top_p for p in params], device)
+        logits = apply_top_k_top_p(logits, top_k, top_p, max_top_k)
+        if any(p.min_p > 0.0 for p in params):
+            logits = apply_min_p(logits, _float_tensor([p.min_p for p in params], device))
+
+        probs = logits.softmax(dim=-1)
+        generators = [batch.generators[i] for i in random_rows]
+        return _exponential_race(probs, generators)
+
+    def _to_host(
+        self, logits: torch.Tensor, token_ids: torch.Tensor, params: list[SamplingParams]
+    ) -> SamplerOutput:
+        """Logprobs of the raw logits, then one device-to-host copy of everything."""
+        logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        if not logprob_rows:
+            return SamplerOutput(token_ids=token_ids.tolist(), logprobs=[None] * len(params))
+        num_top = max(params[i].logprobs or 0 for i in logprob_rows)
+        rows = _index_tensor(logprob_rows, logits.device)
+        raw_logprobs = logits[rows].float().log_softmax(dim=-1)
+        packed = gather_logprobs(raw_logprobs, token_ids[rows], num_top)
+        host = torch.cat([token_ids.double(), packed.flatten()]).cpu()
+        num_rows = len(params)
+        ids = [int(t) for t in host[:num_rows].tolist()]
+        packed_rows = host[num_rows:].view(len(logprob_rows), -1).tolist()
+        out_logprobs: list[Logprobs | None] = [None] * num_rows
+        for i, row in zip(logprob_rows, packed_rows, strict=True):
+            out_logprobs[i] = unpack_logprobs(row, params[i].logprobs or 0)
+        return SamplerOutput(token_ids=ids, logprobs=out_logprobs)
+
+
+def _exponential_race(
+    probs: torch.Tensor, generators: Sequence[torch.Generator | None]
+) -> torch.Tensor:
+    """``argmax(probs / q)``, ``q ~ Exp(1)`` i.i.d.: row ``i`` picks token ``j`` with
+    probability ``probs[i, j]``. Seeded rows draw ``q`` from their own generator."""
+    q = torch.empty_like(probs)
+    if any(g is None for g in generators):
+        q.exponential_()  # one launch for the unseeded rows; seeded rows are overwritten
+    for row, generator in enumerate(generators):
+        if generator is None:
+            continue
+        if generator.device == probs.device:
+            q[row].exponential_(generator=generator)
+        else:
+            draws = torch.empty(probs.shape[1], device=generator.device)
+            q[row] = draws.exponential_(generator=generator).to(probs.device)
+    # q == 0 would turn a zero probability into 0/0 = NaN, which argmax would pick.
+    q.clamp_(min=torch.finfo(q.dtype).tiny)
+    return (probs / q).argmax(dim=-1)
+
+
+def _index_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+
+
+def _float_tensor(values: list[float], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32).to(device, non_blocking=True)
