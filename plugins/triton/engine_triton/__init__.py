@@ -1,0 +1,1 @@
+"""engine-triton: Triton paged-attention backend."""

@@ -1,0 +1,138 @@
+"""The Triton attention backend: metadata per step, store K/V, one paged-attention launch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+from engine_sdk.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerConfig
+
+from engine_triton.kernels import paged_attention_kernel, store_kv_kernel
+
+
+@dataclass
+class TritonMetadata:
+    batch: AttentionBatch
+    work_seq: torch.Tensor  # int32 [num_work]: sequence of each program row
+    work_qblock: torch.Tensor  # int32 [num_work]: query block within that sequence
+    num_work: int
+    block_q: int
+    block_m: int
+    block_n: int
+    num_warps: int
+
+
+def _tile_sizes(group: int, decode_only: bool, head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M rows, BLOCK_Q tokens, BLOCK_N kv tokens, warps) for one launch."""
+    if decode_only:
+        block_m = max(16, triton.next_power_of_2(group))
+        return block_m, 1, 64, 4
+    block_m = max(64, triton.next_power_of_2(group))
+    block_n = 64 if head_dim <= 128 else 32
+    return block_m, block_m // group, block_n, 4
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, config: AttentionLayerConfig) -> None:
+        super().__init__(config)
+        if config.num_heads % config.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({config.num_heads}) must be a multiple of "
+                f"num_kv_heads ({config.num_kv_heads})"
+            )
+        self.group = config.num_heads // config.num_kv_heads
+        self.head_dim_p = triton.next_power_of_2(config.head_dim)
+        self.num_kv_heads_p = triton.next_power_of_2(config.num_kv_heads)
+
+    def build_metadata(self, batch: AttentionBatch) -> TritonMetadata:
+        block_m, block_q, block_n, warps = _tile_sizes(
+            self.group, batch.is_decode_only, self.config.head_dim
+        )
+        device = batch.query_start_loc.device
+        if batch.is_decode_only:
+            work_seq = torch.arange(batch.num_seqs, dtype=torch.int32, device=device)
+            work_qblock = torch.zeros(batch.num_seqs, dtype=torch.int32, device=device)
+            num_work = batch.num_seqs
+        else:
+            starts = np.asarray(batch.query_start_loc_cpu, dtype=np.int64)
+            q_lens = np.diff(starts)
+            counts = (q_lens + block_q - 1) // block_q
+            num_work = int(counts.sum())
+            seq_of = np.repeat(np.arange(len(q_lens), dtype=np.int32), counts)
+            first = np.repeat(np.cumsum(counts) - counts, counts)
+            qblock = (np.arange(num_work) - first).astype(np.int32)
+            work_seq = torch.from_numpy(seq_of).to(device, non_blocking=True)
+            work_qblock = torch.from_numpy(qblock).to(device, non_blocking=True)
+        return TritonMetadata(
+            batch, work_seq, work_qblock, num_work, block_q, block_m, block_n, warps
+        )
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: TritonMetadata,
+    ) -> torch.Tensor:
+        cfg = self.config
+        batch = metadata.batch
+        num_tokens = query.shape[0]
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        if num_tokens:
+            store_kv_kernel[(num_tokens,)](
+                key,
+                value,
+                k_cache,
+                v_cache,
+                batch.slot_mapping,
+                key.stride(0),
+                key.stride(1),
+                value.stride(0),
+                value.stride(1),
+                k_cache.stride(1),
+                k_cache.stride(2),
+                NUM_KV_HEADS=cfg.num_kv_heads,
+                NUM_KV_HEADS_P=self.num_kv_heads_p,
+                HEAD_DIM=cfg.head_dim,
+                HEAD_DIM_P=self.head_dim_p,
+            )
+        out = torch.empty(
+            num_tokens, cfg.num_heads, cfg.head_dim, dtype=query.dtype, device=query.device
+        )
+        if metadata.num_work:
+            precision = "ieee" if query.dtype == torch.float32 else "tf32"
+            paged_attention_kernel[(metadata.num_work, cfg.num_kv_heads)](
+                query,
+                k_cache,
+                v_cache,
+                out,
+                batch.block_tables,
+                batch.seq_lens,
+                batch.query_start_loc,
+                metadata.work_seq,
+                metadata.work_qblock,
+                cfg.scale,
+                query.stride(0),
+                query.stride(1),
+                out.stride(0),
+                out.stride(1),
+                k_cache.stride(0),
+                k_cache.stride(1),
+                k_cache.stride(2),
+                batch.block_tables.stride(0),
+                GROUP=self.group,
+                BLOCK_SIZE=cfg.block_size,
+                BLOCK_Q=metadata.block_q,
+                BLOCK_M=metadata.block_m,
+                BLOCK_N=metadata.block_n,
+                HEAD_DIM=cfg.head_dim,
+                HEAD_DIM_P=self.head_dim_p,
+                DOT_PRECISION=precision,
+                num_warps=metadata.num_warps,
+            )
+        return out.view(num_tokens, cfg.num_heads * cfg.head_dim)

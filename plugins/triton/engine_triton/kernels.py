@@ -1,0 +1,149 @@
+"""Triton kernels: store new K/V into the paged cache, and paged attention.
+
+One attention program handles ``BLOCK_Q`` query tokens of one sequence and the ``G`` query
+heads that share one KV head (GQA), packed into ``BLOCK_M = BLOCK_Q * G`` rows::
+
+    row m  ->  token  qb * BLOCK_Q + m // G,   head  kv_head * G + m % G
+
+so each K/V tile loaded from the cache is used by all heads of its group. The program walks
+the sequence's KV positions ``0 .. ctx_len + last_token`` in tiles of ``BLOCK_N`` tokens;
+a tile may span several cache blocks, each token's block found through the block table.
+Row ``m`` sees KV position ``n`` when ``n <= ctx_len + token(m)`` (causal with the cached
+prefix in front). Softmax is computed online in float32.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def store_kv_kernel(
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cs,  # cache stride per slot (block_size * ... flattened: one token)
+    stride_ch,
+    NUM_KV_HEADS: tl.constexpr,
+    NUM_KV_HEADS_P: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+):
+    token = tl.program_id(0)
+    slot = tl.load(slot_ptr + token)
+    if slot < 0:
+        return
+    offs_h = tl.arange(0, NUM_KV_HEADS_P)
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM)
+    src_k = key_ptr + token * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
+    src_v = value_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
+    dst = slot * stride_cs + offs_h[:, None] * stride_ch + offs_d[None, :]
+    k = tl.load(src_k, mask=mask)
+    v = tl.load(src_v, mask=mask)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def paged_attention_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_ptr,
+    work_seq_ptr,
+    work_qblock_ptr,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,  # cache stride per block
+    stride_ct,  # cache stride per token within a block
+    stride_ch,  # cache stride per KV head
+    stride_bt,  # block table stride per sequence
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    work = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = tl.load(work_seq_ptr + work)
+    qblock = tl.load(work_qblock_ptr + work)
+
+    q_start = tl.load(query_start_ptr + seq)
+    q_len = tl.load(query_start_ptr + seq + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ctx_len = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    tok = qblock * BLOCK_Q + offs_m // GROUP
+    head = kv_head * GROUP + offs_m % GROUP
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (tok < q_len)
+    d_ok = offs_d < HEAD_DIM
+
+    q_ptrs = q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh
+    q = tl.load(q_ptrs + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q_pos = ctx_len + tok  # absolute position of each row's token
+
+    last_tok = tl.minimum((qblock + 1) * BLOCK_Q, q_len) - 1
+    kv_end = ctx_len + last_tok + 1
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
+    qk_scale = scale * 1.4426950408889634  # log2(e): use exp2
+
+    for start_n in range(0, kv_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < kv_end
+        block_ids = tl.load(
+            block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_ok, other=0
+        )
+        kv_off = (
+            block_ids.to(tl.int64) * stride_cb
+            + (offs_n % BLOCK_SIZE) * stride_ct
+            + kv_head * stride_ch
+        )
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+
+        s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # Rows that have seen nothing yet keep m = -inf; guard the subtraction.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv.to(tl.float32)
+        m_i = m_new
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    o_ptrs = out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh
+    tl.store(
+        o_ptrs + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & d_ok[None, :],
+    )
