@@ -1,0 +1,1 @@
+"""engine-reference: the torch reference attention backend."""

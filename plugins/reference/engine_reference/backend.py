@@ -1,0 +1,130 @@
+"""The reference attention backend: torch SDPA over the paged KV cache, one sequence at a time.
+
+Cache layout (the SDK default)::
+
+    kv_cache[0] = K, kv_cache[1] = V      each [num_blocks, block_size, num_kv_heads, head_dim]
+    token at position p of a request lives in block block_table[p // block_size],
+    row p % block_size; slot = block_id * block_size + p % block_size
+
+A sequence with ``seq_len`` tokens and ``query_len`` new ones attends with the mask::
+
+    query row j (position context + j) sees key k  iff  k <= context + j
+                                          (and k > context + j - sliding_window)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from engine_sdk.interfaces.attention import AttentionBackend, AttentionBatch
+
+__all__ = ["ReferenceAttentionBackend"]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class ReferenceAttentionBackend(AttentionBackend):
+    """Correct first: gathers each sequence's blocks and calls SDPA with an explicit mask."""
+
+    name = "reference"
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionBatch,
+    ) -> torch.Tensor:
+        num_tokens = query.shape[0]
+        self._write_cache(key, value, kv_cache, metadata.slot_mapping)
+        if metadata.is_decode_only:
+            out = self._decode(query, kv_cache, metadata)
+        else:
+            out = self._per_sequence(query, kv_cache, metadata)
+        return out.reshape(num_tokens, self.config.num_heads * self.config.head_dim)
+
+    def _write_cache(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        num_kv_heads, head_dim = key.shape[1], key.shape[2]
+        valid = slot_mapping[: key.shape[0]] >= 0
+        slots = slot_mapping[: key.shape[0]][valid]
+        key_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
+        value_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
+        key_flat.index_copy_(0, slots, key[valid].to(kv_cache.dtype))
+        value_flat.index_copy_(0, slots, value[valid].to(kv_cache.dtype))
+
+    def _mask(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+        """Bool [..., num_queries, num_keys]: causal, plus the sliding window if any."""
+        mask = key_pos.unsqueeze(-2) <= query_pos.unsqueeze(-1)
+        window = self.config.sliding_window
+        if window is not None:
+            mask &= key_pos.unsqueeze(-2) > query_pos.unsqueeze(-1) - window
+        return mask
+
+    def _gather(self, cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+        """[num_blocks_used, block_size, kv_heads, head_dim] -> [tokens, kv_heads, head_dim]."""
+        gathered = cache[block_ids]
+        return gathered.reshape(-1, gathered.shape[-2], gathered.shape[-1])
+
+    def _per_sequence(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, md: AttentionBatch
+    ) -> torch.Tensor:
+        block_size = kv_cache.shape[2]
+        out = torch.zeros_like(query)
+        for i in range(md.num_seqs):
+            start, end = md.query_start_loc_cpu[i], md.query_start_loc_cpu[i + 1]
+            seq_len = md.seq_lens_cpu[i]
+            context = seq_len - (end - start)
+            block_ids = md.block_tables[i, : _cdiv(seq_len, block_size)]
+            k = self._gather(kv_cache[0], block_ids)[:seq_len]
+            v = self._gather(kv_cache[1], block_ids)[:seq_len]
+            device = query.device
+            query_pos = torch.arange(context, seq_len, device=device)
+            mask = self._mask(query_pos, torch.arange(seq_len, device=device))
+            attn = F.scaled_dot_product_attention(
+                query[start:end].transpose(0, 1).unsqueeze(0),
+                k.transpose(0, 1).unsqueeze(0).to(query.dtype),
+                v.transpose(0, 1).unsqueeze(0).to(query.dtype),
+                attn_mask=mask,
+                scale=self.config.scale,
+                enable_gqa=True,
+            )
+            out[start:end] = attn.squeeze(0).transpose(0, 1)
+        return out
+
+    def _decode(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, md: AttentionBatch
+    ) -> torch.Tensor:
+        """One new token per sequence: pad every sequence to the longest and batch."""
+        block_size = kv_cache.shape[2]
+        num_seqs = md.num_seqs
+        block_ids = md.block_tables[:num_seqs, : _cdiv(md.max_seq_len, block_size)]
+        gathered_k, gathered_v = kv_cache[0][block_ids], kv_cache[1][block_ids]
+        shape = (num_seqs, -1, gathered_k.shape[-2], gathered_k.shape[-1])
+        k, v = gathered_k.reshape(shape), gathered_v.reshape(shape)
+        seq_lens = md.seq_lens[:num_seqs].to(torch.long)
+        key_pos = torch.arange(k.shape[1], device=query.device)
+        mask = self._mask((seq_lens - 1)[:, None], key_pos[None, :])  # [num_seqs, 1, L]
+        # Padded rows hold other blocks' data or never-written garbage: zero K and V there
+        # so a NaN cannot leak through the additive mask or a zero probability.
+        hidden = ~mask[:, 0, :, None, None]
+        k, v = k.masked_fill(hidden, 0), v.masked_fill(hidden, 0)
+        attn = F.scaled_dot_product_attention(
+            query[:num_seqs].unsqueeze(2),
+            k.transpose(1, 2).to(query.dtype),
+            v.transpose(1, 2).to(query.dtype),
+            attn_mask=mask.unsqueeze(1),
+            scale=self.config.scale,
+            enable_gqa=True,
+        )
+        out = torch.zeros_like(query)
+        out[:num_seqs] = attn.squeeze(2)
+        return out

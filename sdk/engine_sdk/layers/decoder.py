@@ -1,0 +1,226 @@
+"""A generic Llama-style decoder-only model, configured from an HF config.
+
+Llama, Mistral and Qwen3 share one block; options cover their differences (Qwen3's
+per-head q/k RMSNorm, attention and MLP biases). Module names match the HF checkpoints
+(``model.layers.N.self_attn.q_proj``, ``model.norm``, ``lm_head``), so the weight loader
+copies tensors by name. A model plugin subclasses :class:`DecoderForCausalLM` and sets
+``architectures`` and ``options``::
+
+    embed -> [ norm -> attention(rope) -> +residual -> norm -> gated MLP -> +residual ] x N
+          -> norm -> (selected rows) lm_head
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from engine_sdk.interfaces.model import ModelArchitecture, ModelContext
+from engine_sdk.layers.activation import GatedMLP
+from engine_sdk.layers.attention import Attention
+from engine_sdk.layers.embedding import LMHead, VocabEmbedding
+from engine_sdk.layers.linear import Linear
+from engine_sdk.layers.norm import RMSNorm
+from engine_sdk.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters_from_config
+
+__all__ = ["DecoderForCausalLM", "DecoderOptions", "head_dim_of"]
+
+# Checkpoint tensors that are not parameters (recomputed buffers in old exports).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """Differences between Llama-family models. ``None`` reads the HF config's flag."""
+
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before rope
+    attention_bias: bool | None = None  # config.attention_bias (default False)
+    mlp_bias: bool | None = None  # config.mlp_bias (default False)
+
+
+def head_dim_of(hf_config: Any) -> int:
+    head_dim = getattr(hf_config, "head_dim", None)
+    return int(head_dim or hf_config.hidden_size // hf_config.num_attention_heads)
+
+
+def _sliding_window(hf_config: Any, layer_idx: int) -> int | None:
+    window = getattr(hf_config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is not None:
+        return int(window) if layer_types[layer_idx] == "sliding_attention" else None
+    return int(window)
+
+
+def _flag(option: bool | None, hf_config: Any, name: str) -> bool:
+    return bool(getattr(hf_config, name, False)) if option is None else option
+
+
+class DecoderAttention(torch.nn.Module):
+    def __init__(self, ctx: ModelContext, options: DecoderOptions, layer_idx: int, prefix: str):
+        super().__init__()
+        cfg, dtype, quant = ctx.hf_config, ctx.dtype, ctx.quant_config
+        self.num_heads = int(cfg.num_attention_heads)
+        self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.num_heads)
+        self.head_dim = head_dim_of(cfg)
+        bias = _flag(options.attention_bias, cfg, "attention_bias")
+        hidden, q_size = int(cfg.hidden_size), self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        self.q_proj = Linear(hidden, q_size, bias, quant, f"{prefix}.q_proj", dtype)
+        self.k_proj = Linear(hidden, kv_size, bias, quant, f"{prefix}.k_proj", dtype)
+        self.v_proj = Linear(hidden, kv_size, bias, quant, f"{prefix}.v_proj", dtype)
+        self.o_proj = Linear(q_size, hidden, bias, quant, f"{prefix}.o_proj", dtype)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if options.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype)
+        self.attn = Attention(
+            ctx,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            sliding_window=_sliding_window(cfg, layer_idx),
+            prefix=f"{prefix}.attn",
+        )
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, ...],
+        kv_cache: torch.Tensor,
+        attn_metadata: Any,
+    ) -> torch.Tensor:
+        num_tokens = hidden_states.shape[0]
+        q = self.q_proj(hidden_states).view(num_tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(hidden_states).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(hidden_states).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = cos_sin
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = self.attn(q.contiguous(), k.contiguous(), v.contiguous(), kv_cache, attn_metadata)
+        return self.o_proj(out)
+
+
+class DecoderLayer(torch.nn.Module):
+    def __init__(self, ctx: ModelContext, options: DecoderOptions, layer_idx: int, prefix: str):
+        super().__init__()
+        cfg, dtype = ctx.hf_config, ctx.dtype
+        self.self_attn = DecoderAttention(ctx, options, layer_idx, f"{prefix}.self_attn")
+        self.mlp = GatedMLP(
+            int(cfg.hidden_size),
+            int(cfg.intermediate_size),
+            getattr(cfg, "hidden_act", "silu"),
+            _flag(options.mlp_bias, cfg, "mlp_bias"),
+            ctx.quant_config,
+            f"{prefix}.mlp",
+            dtype,
+        )
+        self.input_layernorm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, ...],
+        kv_cache: torch.Tensor,
+        attn_metadata: Any,
+    ) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states = self.self_attn(hidden_states, cos_sin, kv_cache, attn_metadata)
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+        return residual + hidden_states
+
+
+class DecoderModel(torch.nn.Module):
+    def __init__(self, ctx: ModelContext, options: DecoderOptions, prefix: str = "model"):
+        super().__init__()
+        cfg, dtype = ctx.hf_config, ctx.dtype
+        self.dtype = dtype
+        self.embed_tokens = VocabEmbedding(int(cfg.vocab_size), int(cfg.hidden_size), dtype)
+        self.layers = torch.nn.ModuleList(
+            DecoderLayer(ctx, options, i, f"{prefix}.layers.{i}")
+            for i in range(int(cfg.num_hidden_layers))
+        )
+        self.norm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
+        self.rotary_emb = RotaryEmbedding(rope_parameters_from_config(cfg, head_dim_of(cfg)))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: Any,
+    ) -> torch.Tensor:
+        hidden_states = self.embed_tokens(input_ids)
+        cos_sin = self.rotary_emb.cos_sin(positions, hidden_states.dtype)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden_states = layer(hidden_states, cos_sin, kv_cache, attn_metadata)
+        return self.norm(hidden_states)
+
+
+class DecoderForCausalLM(ModelArchitecture):
+    """A Llama-style causal LM; subclasses set ``architectures`` and ``options``."""
+
+    options: ClassVar[DecoderOptions] = DecoderOptions()
+
+    def __init__(self, ctx: ModelContext) -> None:
+        super().__init__(ctx)
+        cfg = ctx.hf_config
+        self.model = DecoderModel(ctx, self.options, "model")
+        self.lm_head = LMHead(int(cfg.vocab_size), int(cfg.hidden_size), ctx.dtype)
+        if getattr(cfg, "tie_word_embeddings", False):
+            self.lm_head.tie(self.model.embed_tokens)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: Any,
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors into the parameters of the same name.
+
+        A parameter with a ``weight_loader(param, tensor)`` attribute (set by a
+        quantization method) loads itself. A tied ``lm_head.weight`` is skipped; an
+        unknown name or a shape mismatch raises ``ValueError`` naming the tensor.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            if name == "lm_head.weight" and self.lm_head.tied:
+                continue
+            param = params.get(name)
+            if param is None:
+                raise ValueError(
+                    f"checkpoint tensor {name!r} has no parameter in {type(self).__name__}; "
+                    "is the checkpoint for a different architecture or quantization?"
+                )
+            weight_loader = getattr(param, "weight_loader", None)
+            if weight_loader is not None:
+                weight_loader(param, tensor)
+            else:
+                if tuple(param.shape) != tuple(tensor.shape):
+                    raise ValueError(
+                        f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                        f"the model expects {tuple(param.shape)}"
+                    )
+                param.data.copy_(tensor)
+            loaded.add(name)
+        return loaded

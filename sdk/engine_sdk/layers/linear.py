@@ -1,0 +1,75 @@
+"""A linear layer whose weights and matmul come from a ``QuantizationMethod``.
+
+Models build every projection as ``Linear(in, out, bias, quant_config, prefix)``; the
+layer asks ``quant_config.get_method(prefix)`` (``prefix`` is the HF module name, such as
+``model.layers.0.self_attn.q_proj``) and falls back to :class:`UnquantizedLinearMethod`.
+Parameter names are the checkpoint's (``weight``, ``bias``, or whatever the method
+registers, e.g. ``weight_scale``), so the generic weight loader copies them by name.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine_sdk.interfaces.quantization import QuantizationMethod
+
+if TYPE_CHECKING:
+    from engine_sdk.interfaces.quantization import QuantizationConfig
+
+__all__ = ["Linear", "UnquantizedLinearMethod"]
+
+
+class UnquantizedLinearMethod(QuantizationMethod):
+    """A plain ``[output_size, input_size]`` weight in the model dtype."""
+
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+    ) -> None:
+        weight = torch.empty(output_size, input_size, dtype=params_dtype)
+        layer.register_parameter("weight", torch.nn.Parameter(weight, requires_grad=False))
+
+    def apply(
+        self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return torch.nn.functional.linear(x, layer.weight, bias)
+
+
+class Linear(torch.nn.Module):
+    """``y = x @ W.T + b`` with ``W`` stored and applied by the layer's quantization method."""
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+        params_dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.prefix = prefix
+        dtype = params_dtype or torch.get_default_dtype()
+        method = quant_config.get_method(prefix) if quant_config is not None else None
+        self.quant_method: QuantizationMethod = method or UnquantizedLinearMethod()
+        self.quant_method.create_weights(self, input_size, output_size, dtype)
+        if bias:
+            self.bias = torch.nn.Parameter(
+                torch.empty(output_size, dtype=dtype), requires_grad=False
+            )
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quant_method.apply(self, x, self.bias)
+
+    def extra_repr(self) -> str:
+        method = type(self.quant_method).__name__
+        return f"in={self.input_size}, out={self.output_size}, method={method}"

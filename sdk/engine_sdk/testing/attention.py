@@ -1,0 +1,275 @@
+"""Conformance suite for attention backends: paged attention against a dense reference.
+
+Every case runs a few engine steps over several sequences with random q/k/v, random
+(non-contiguous) block tables and a cache pre-filled with NaN, then compares each step's
+output with dense causal attention computed in float64 from the full sequences. Cases
+cover single-step prefill, chunked prefill, decode (batched and mixed with prefill), a
+prefix shared through the block table (its K/V written by another sequence), GQA / MQA /
+MHA, padding tokens (slot -1) and sliding windows.
+
+Use it from a backend's tests::
+
+    from engine_sdk.testing.attention import ATTENTION_CASES, run_attention_case
+
+    @pytest.mark.parametrize("case", ATTENTION_CASES, ids=lambda c: c.name)
+    def test_conformance(case):
+        run_attention_case(MyBackend, case, device="cuda", dtype=torch.bfloat16)
+
+A step's sequences are those with a non-zero entry at that step in ``SeqSpec.steps``::
+
+    steps   seq0: (20, 17, 1)   seq1: (0, 6, 1)    -> step 0: seq0 20 tokens
+                                                     step 1: seq0 17, seq1 6  (mixed)
+                                                     step 2: seq0 1, seq1 1   (decode)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from engine_sdk.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerConfig
+
+__all__ = [
+    "ATTENTION_CASES",
+    "AttentionCase",
+    "SeqSpec",
+    "check_attention_backend",
+    "dense_causal_attention",
+    "run_attention_case",
+]
+
+
+@dataclass(frozen=True)
+class SeqSpec:
+    """One sequence: tokens scheduled per step (0 = idle) and an optional shared prefix.
+
+    With ``prefix_from`` set, the sequence's first ``num_prefix_blocks`` blocks are the
+    same physical blocks as sequence ``prefix_from``'s (which must have written them in an
+    earlier step); its own tokens start right after the prefix.
+    """
+
+    steps: tuple[int, ...]
+    prefix_from: int | None = None
+    num_prefix_blocks: int = 0
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    name: str
+    seqs: tuple[SeqSpec, ...]
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    block_size: int = 16
+    sliding_window: int | None = None
+    num_padding_tokens: int = 0  # appended to every step with slot -1
+    num_extra_blocks: int = 3  # unused blocks, so ids are not just 0..n-1
+
+    @property
+    def num_steps(self) -> int:
+        return max(len(s.steps) for s in self.seqs)
+
+
+ATTENTION_CASES: tuple[AttentionCase, ...] = (
+    AttentionCase("prefill_one_step", (SeqSpec((37,)),)),
+    AttentionCase("prefill_batch", (SeqSpec((37,)), SeqSpec((5,)), SeqSpec((16,)))),
+    AttentionCase("chunked_prefill", (SeqSpec((20, 17, 5)),)),
+    AttentionCase("decode_batched", (SeqSpec((40, 1, 1, 1)), SeqSpec((3, 1, 1, 1)))),
+    AttentionCase(
+        "mixed_prefill_and_decode",
+        (SeqSpec((20, 1, 1, 1)), SeqSpec((0, 33, 1, 1)), SeqSpec((0, 0, 7, 1))),
+    ),
+    AttentionCase(
+        "shared_prefix",
+        (SeqSpec((32, 1, 1)), SeqSpec((0, 10, 1), prefix_from=0, num_prefix_blocks=2)),
+    ),
+    AttentionCase("mha", (SeqSpec((19, 1, 1)), SeqSpec((9, 4, 1))), num_heads=4, num_kv_heads=4),
+    AttentionCase("mqa", (SeqSpec((19, 1, 1)), SeqSpec((9, 4, 1))), num_heads=4, num_kv_heads=1),
+    AttentionCase("gqa_8_2", (SeqSpec((19, 1, 1)), SeqSpec((9, 4, 1))), num_heads=8),
+    AttentionCase("block_size_1", (SeqSpec((5, 3, 1)), SeqSpec((2, 1, 1))), block_size=1),
+    AttentionCase(
+        "padding_tokens", (SeqSpec((12, 1, 1)), SeqSpec((4, 1, 1))), num_padding_tokens=3
+    ),
+    AttentionCase(
+        "sliding_window", (SeqSpec((30, 9, 1, 1)), SeqSpec((5, 1, 1, 1))), sliding_window=8
+    ),
+)
+
+_TOLERANCES = {torch.float32: 2e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def dense_causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Plain causal attention in float64. q [L, H, D], k/v [L, KVH, D] -> [L, H, D]."""
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    rep = num_heads // num_kv_heads
+    q64 = q.double().transpose(0, 1)
+    k64 = k.double().repeat_interleave(rep, dim=1).transpose(0, 1)
+    v64 = v.double().repeat_interleave(rep, dim=1).transpose(0, 1)
+    scores = q64 @ k64.transpose(1, 2) * scale
+    pos = torch.arange(q.shape[0], device=q.device)
+    allowed = pos[None, :] <= pos[:, None]
+    if sliding_window is not None:
+        allowed &= pos[None, :] > pos[:, None] - sliding_window
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return (scores.softmax(-1) @ v64).transpose(0, 1)
+
+
+@dataclass
+class _Seq:
+    spec: SeqSpec
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    block_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+
+
+def _make_sequences(
+    case: AttentionCase, dtype: torch.dtype, device: str, gen: torch.Generator
+) -> tuple[list[_Seq], int]:
+    """Random q/k/v per sequence and a shuffled assignment of physical blocks."""
+    seqs: list[_Seq] = []
+    bs = case.block_size
+    lengths = []
+    for spec in case.seqs:
+        lengths.append(spec.num_prefix_blocks * bs + sum(spec.steps))
+    own_blocks = [
+        math.ceil(length / bs) - spec.num_prefix_blocks
+        for length, spec in zip(lengths, case.seqs, strict=True)
+    ]
+    num_blocks = sum(own_blocks) + case.num_extra_blocks
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    for spec, length, n_own in zip(case.seqs, lengths, own_blocks, strict=True):
+
+        def rand(heads: int, length: int = length) -> torch.Tensor:
+            x = torch.randn(length, heads, case.head_dim, generator=gen)
+            return x.to(device=device, dtype=dtype)
+
+        seq = _Seq(spec, rand(case.num_heads), rand(case.num_kv_heads), rand(case.num_kv_heads))
+        if spec.prefix_from is not None:
+            src = seqs[spec.prefix_from]
+            n_prefix = spec.num_prefix_blocks * bs
+            seq.k[:n_prefix] = src.k[:n_prefix]
+            seq.v[:n_prefix] = src.v[:n_prefix]
+            seq.block_ids = src.block_ids[: spec.num_prefix_blocks]
+            seq.num_computed = n_prefix
+        seq.block_ids = seq.block_ids + [free.pop() for _ in range(n_own)]
+        seqs.append(seq)
+    return seqs, num_blocks
+
+
+def _build_step(
+    case: AttentionCase, running: list[tuple[_Seq, int]], device: str
+) -> tuple[AttentionBatch, list[tuple[int, int]]]:
+    """The AttentionBatch for one step and each running sequence's (first, last+1) row."""
+    bs = case.block_size
+    slots: list[int] = []
+    query_start = [0]
+    seq_lens: list[int] = []
+    for seq, n in running:
+        for pos in range(seq.num_computed, seq.num_computed + n):
+            slots.append(seq.block_ids[pos // bs] * bs + pos % bs)
+        query_start.append(query_start[-1] + n)
+        seq_lens.append(seq.num_computed + n)
+    slots += [-1] * case.num_padding_tokens
+    max_blocks = max(len(seq.block_ids) for seq, _ in running)
+    tables = [seq.block_ids + [0] * (max_blocks - len(seq.block_ids)) for seq, _ in running]
+    batch = AttentionBatch(
+        query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        max_query_len=max(n for _, n in running),
+        max_seq_len=max(seq_lens),
+        num_seqs=len(running),
+        num_tokens=len(slots),
+        query_start_loc_cpu=query_start,
+        seq_lens_cpu=seq_lens,
+    )
+    rows = list(zip(query_start[:-1], query_start[1:], strict=True))
+    return batch, rows
+
+
+def run_attention_case(
+    backend_cls: type[AttentionBackend],
+    case: AttentionCase,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    tolerance: float | None = None,
+) -> None:
+    """Run ``case`` through ``backend_cls``; raise ``AssertionError`` on the first mismatch."""
+    gen = torch.Generator().manual_seed(seed)
+    tol = tolerance if tolerance is not None else _TOLERANCES[dtype]
+    scale = case.head_dim**-0.5
+    config = AttentionLayerConfig(
+        num_heads=case.num_heads,
+        num_kv_heads=case.num_kv_heads,
+        head_dim=case.head_dim,
+        scale=scale,
+        block_size=case.block_size,
+        dtype=dtype,
+        sliding_window=case.sliding_window,
+    )
+    backend = backend_cls(config)
+    seqs, num_blocks = _make_sequences(case, dtype, device, gen)
+    shape = backend_cls.kv_cache_shape(
+        num_blocks, case.block_size, case.num_kv_heads, case.head_dim
+    )
+    # NaN in never-written slots: a backend that reads a slot it does not own fails loudly.
+    kv_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    expected = [dense_causal_attention(s.q, s.k, s.v, scale, case.sliding_window) for s in seqs]
+    for step in range(case.num_steps):
+        running = [(s, s.spec.steps[step]) for s in seqs if step < len(s.spec.steps)]
+        running = [(s, n) for s, n in running if n > 0]
+        if not running:
+            continue
+        batch, rows = _build_step(case, running, device)
+        pad = case.num_padding_tokens
+
+        def pack(name: str, heads: int, running: list[tuple[_Seq, int]] = running) -> torch.Tensor:
+            parts = [getattr(s, name)[s.num_computed : s.num_computed + n] for s, n in running]
+            parts.append(torch.zeros(pad, heads, case.head_dim, dtype=dtype, device=device))
+            return torch.cat(parts)
+
+        q = pack("q", case.num_heads)
+        k, v = pack("k", case.num_kv_heads), pack("v", case.num_kv_heads)
+        out = backend.forward(q, k, v, kv_cache, backend.build_metadata(batch))
+        want_shape = (batch.num_tokens, case.num_heads * case.head_dim)
+        assert tuple(out.shape) == want_shape, (
+            f"{case.name} step {step}: output shape {tuple(out.shape)}, expected {want_shape}"
+        )
+        for (seq, n), (first, last) in zip(running, rows, strict=True):
+            got = out[first:last].double().view(n, case.num_heads, case.head_dim)
+            ref = expected[seqs.index(seq)][seq.num_computed : seq.num_computed + n]
+            err = (got - ref).abs().max().item()
+            assert err <= tol, (
+                f"{case.name} step {step}, sequence {seqs.index(seq)} (positions "
+                f"{seq.num_computed}..{seq.num_computed + n - 1}): max abs error {err:.3g} "
+                f"> {tol:g}"
+            )
+            seq.num_computed += n
+
+
+def check_attention_backend(
+    backend_cls: type[AttentionBackend],
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    cases: tuple[AttentionCase, ...] = ATTENTION_CASES,
+) -> list[str]:
+    """Run every case; return one line per failing case (empty when the backend conforms)."""
+    problems = []
+    for case in cases:
+        try:
+            run_attention_case(backend_cls, case, device, dtype)
+        except Exception as exc:  # noqa: BLE001 - report every case, not just the first
+            problems.append(f"{case.name}: {type(exc).__name__}: {exc}")
+    return problems
