@@ -34,7 +34,6 @@ def token_counts(
     token_id_lists: Sequence[Sequence[int]],
     vocab_size: int,
     device: torch.device,
-    field_name: str,
 ) -> torch.Tensor:
     """Count each token id per row: float32 ``[len(token_id_lists), vocab_size]``.
 
@@ -49,18 +48,14 @@ def token_counts(
     counts = torch.zeros(num_rows, vocab_size, dtype=torch.float32, device=device)
     lengths = torch.tensor([len(ids) for ids in token_id_lists], dtype=torch.long)
     flat = torch.tensor(list(itertools.chain.from_iterable(token_id_lists)), dtype=torch.long)
+    row_ids = torch.repeat_interleave(torch.arange(num_rows), lengths)
+    # Ids past the logits' vocabulary (an embedding larger than the LM head) cannot be
+    # sampled, so they need no penalty: dropped, as Hugging Face does. Filtered on the
+    # host copy; on CUDA an out-of-range index would be a device-side assert.
+    in_range = (flat >= 0) & (flat < vocab_size)
+    row_ids, flat = row_ids[in_range], flat[in_range]
     if flat.numel() == 0:
         return counts
-    # Checked on the host copy, before the device sees it: an out-of-range id would be a
-    # device-side assert on CUDA, which names nothing.
-    low, high = int(flat.min()), int(flat.max())
-    if low < 0 or high >= vocab_size:
-        bad = low if low < 0 else high
-        raise ValueError(
-            f"{field_name} holds token id {bad}, outside the model's vocabulary "
-            f"[0, {vocab_size}); check that the tokenizer matches the model"
-        )
-    row_ids = torch.repeat_interleave(torch.arange(num_rows), lengths)
     ones = torch.ones(flat.numel(), dtype=torch.float32, device=device)
     counts.index_put_((row_ids.to(device), flat.to(device)), ones, accumulate=True)
     return counts
@@ -84,7 +79,7 @@ def apply_penalties(
     if rep_rows:
         # Prompt and output ids both count as "seen"; one scatter over their concatenation.
         seen_lists = [list(prompt_token_ids[i]) + list(output_token_ids[i]) for i in rep_rows]
-        seen = token_counts(seen_lists, vocab_size, device, "prompt/output token ids") > 0
+        seen = token_counts(seen_lists, vocab_size, device) > 0
         rows = torch.tensor(rep_rows, dtype=torch.long, device=device)
         penalty = torch.tensor(
             [params[i].repetition_penalty for i in rep_rows], dtype=torch.float32
@@ -94,9 +89,7 @@ def apply_penalties(
         logits[rows] = torch.where(seen, penalised, sub)
 
     if freq_rows:
-        counts = token_counts(
-            [output_token_ids[i] for i in freq_rows], vocab_size, device, "output_token_ids"
-        )
+        counts = token_counts([output_token_ids[i] for i in freq_rows], vocab_size, device)
         rows = torch.tensor(freq_rows, dtype=torch.long, device=device)
         presence = torch.tensor(
             [params[i].presence_penalty for i in freq_rows], dtype=torch.float32
