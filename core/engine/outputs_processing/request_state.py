@@ -1,0 +1,194 @@
+"""The front end's view of one core request: its text, tokens, logprobs and timing.
+
+Each engine step hands the state the request's new token ids; the state detokenizes them,
+checks stop strings and remembers what changed since the last ``RequestOutput`` (the
+streaming delta).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.core.scheduler_output import Logprobs
+from engine.outputs import CompletionOutput
+from engine.outputs_processing.stats import FinishedRequestStats, RequestTiming
+from engine.sampling_params import SamplingParams
+from engine.tokenization.detokenizer import IncrementalDetokenizer
+from engine.tokenization.stop_strings import StopStringChecker
+
+
+def finish_reason_str(reason: Any) -> str | None:
+    """Accept the core's finish reason as a string or a ``RequestStatus``."""
+    if reason is None:
+        return None
+    if isinstance(reason, str):
+        return reason
+    value = getattr(reason, "finish_reason", None)
+    if isinstance(value, str):
+        return value
+    return str(reason)
+
+
+class RequestState:
+    """One sequence (a core request): index ``index`` of its parent's n completions."""
+
+    def __init__(
+        self,
+        req_id: str,
+        index: int,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        tokenizer: Any,
+        timing: RequestTiming,
+        core_request: Any = None,
+    ) -> None:
+        self.req_id = req_id
+        self.index = index
+        self.params = params
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.timing = timing
+        # Same-process reference to the core's Request, read for its first scheduled time.
+        self.core_request = core_request
+        self.detokenizer = IncrementalDetokenizer(
+            tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens
+        )
+        self.stop_checker = StopStringChecker(params.stop, params.include_stop_str_in_output)
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.logprobs: list[Logprobs] | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list[Logprobs | None] | None = (
+            [None] if params.prompt_logprobs is not None else None
+        )
+        self.num_cached_tokens = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.error: str | None = None
+        self._delta_text = ""
+        self._delta_token_ids: list[int] = []
+        self._delta_logprobs: list[Logprobs] = []
+        self.has_update = False
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def process(self, core_output: Any, now: float) -> tuple[list[float], bool]:
+        """Apply one EngineCoreOutput.
+
+        Returns (inter-token latency samples, whether a stop string matched and the core
+        must be told to finish this request).
+        """
+        assert not self.finished, f"output for finished request {self.req_id}"
+        self.has_update = True
+        itl: list[float] = []
+        new_ids = [int(t) for t in (core_output.new_token_ids or [])]
+        if core_output.num_cached_tokens:
+            self.num_cached_tokens = int(core_output.num_cached_tokens)
+        first_scheduled = getattr(core_output, "first_scheduled_time", None)
+        if first_scheduled is not None and self.timing.first_scheduled_time is None:
+            self.timing.first_scheduled_time = first_scheduled
+        if core_output.new_prompt_logprobs and self.prompt_logprobs is not None:
+            self.prompt_logprobs.extend(core_output.new_prompt_logprobs)
+        self._add_logprobs(core_output.new_logprobs)
+        if new_ids:
+            self._record_token_times(now, len(new_ids), itl)
+            self.token_ids.extend(new_ids)
+            self._delta_token_ids.extend(new_ids)
+            self._emit(self.stop_checker.update(self.detokenizer.update(new_ids)).delta_text)
+        stop_string = self.stop_checker.stopped
+        core_reason = finish_reason_str(core_output.finish_reason)
+        if stop_string is not None:
+            self._finish("stop", stop_string, now)
+            return itl, core_reason is None
+        if core_reason is not None:
+            self._flush()
+            if self.stop_checker.stopped is not None:  # the flushed tail held a stop string
+                self._finish("stop", self.stop_checker.stopped, now)
+            else:
+                self._finish(core_reason, core_output.stop_reason, now)
+        return itl, False
+
+    def abort(self, now: float, reason: str = "abort", error: str | None = None) -> None:
+        """Finish without the core (abort, engine error)."""
+        if self.finished:
+            return
+        self.has_update = True
+        self.error = error
+        self._flush()
+        self._finish(reason, None, now)
+
+    def _add_logprobs(self, new_logprobs: Any) -> None:
+        if self.logprobs is None or new_logprobs is None:
+            return
+        items = new_logprobs if isinstance(new_logprobs, list) else [new_logprobs]
+        self.logprobs.extend(items)
+        self._delta_logprobs.extend(items)
+
+    def _record_token_times(self, now: float, num_new: int, itl: list[float]) -> None:
+        t = self.timing
+        if t.first_token_time is None:
+            t.first_token_time = now
+        elif t.last_token_time is not None:
+            itl.append((now - t.last_token_time) / num_new)
+        t.last_token_time = now
+
+    def _emit(self, delta: str) -> None:
+        self.text += delta
+        self._delta_text += delta
+
+    def _flush(self) -> None:
+        if self.stop_checker.stopped is not None:
+            return
+        tail = self.detokenizer.flush()
+        if tail:
+            self._emit(self.stop_checker.update(tail).delta_text)
+        if self.stop_checker.stopped is None:
+            self._emit(self.stop_checker.flush())
+
+    def _finish(self, reason: str, stop_reason: int | str | None, now: float) -> None:
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+        self.timing.finished_time = now
+
+    def take_output(self) -> CompletionOutput:
+        """The cumulative CompletionOutput, with the delta since the last call."""
+        out = CompletionOutput(
+            index=self.index,
+            text=self.text,
+            token_ids=list(self.token_ids),
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            delta_text=self._delta_text,
+            delta_token_ids=self._delta_token_ids,
+            delta_logprobs=self._delta_logprobs if self.logprobs is not None else None,
+        )
+        self._delta_text = ""
+        self._delta_token_ids = []
+        self._delta_logprobs = []
+        self.has_update = False
+        return out
+
+    def finished_stats(self) -> FinishedRequestStats:
+        t = self.timing
+        if t.first_scheduled_time is None and self.core_request is not None:
+            t.first_scheduled_time = getattr(self.core_request, "first_scheduled_time", None)
+        end = t.finished_time if t.finished_time is not None else t.arrival_time
+        num_gen = len(self.token_ids)
+        ft, lt, fs = t.first_token_time, t.last_token_time, t.first_scheduled_time
+        decode = (lt - ft) if ft is not None and lt is not None else None
+        return FinishedRequestStats(
+            req_id=self.req_id,
+            finish_reason=self.finish_reason or "abort",
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_generation_tokens=num_gen,
+            num_cached_tokens=self.num_cached_tokens,
+            e2e_latency=end - t.arrival_time,
+            queue_time=(fs - t.arrival_time) if fs is not None else None,
+            time_to_first_token=(ft - t.arrival_time) if ft is not None else None,
+            prefill_time=(ft - fs) if ft is not None and fs is not None else None,
+            decode_time=decode,
+            mean_time_per_output_token=(
+                decode / (num_gen - 1) if decode is not None and num_gen > 1 else None
+            ),
+        )
