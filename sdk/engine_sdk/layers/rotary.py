@@ -55,7 +55,8 @@ def rope_parameters_from_config(hf_config: Any, head_dim: int) -> RopeParameters
     rope_type = str(params.get("rope_type") or params.get("type") or "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
-            f"rope type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+            f"rope type {rope_type!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
     theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
     partial = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None))

@@ -198,6 +198,21 @@ def _build_step(
     return batch, rows
 
 
+def _pack(
+    case: AttentionCase,
+    running: list[tuple[_Seq, int]],
+    name: str,
+    num_heads: int,
+    dtype: torch.dtype,
+    device: str,
+) -> torch.Tensor:
+    """The step's rows of q, k or v, request after request, then zero padding rows."""
+    parts = [getattr(s, name)[s.num_computed : s.num_computed + n] for s, n in running]
+    pad = case.num_padding_tokens
+    parts.append(torch.zeros(pad, num_heads, case.head_dim, dtype=dtype, device=device))
+    return torch.cat(parts)
+
+
 def run_attention_case(
     backend_cls: type[AttentionBackend],
     case: AttentionCase,
@@ -233,15 +248,10 @@ def run_attention_case(
         if not running:
             continue
         batch, rows = _build_step(case, running, device)
-        pad = case.num_padding_tokens
 
-        def pack(name: str, heads: int, running: list[tuple[_Seq, int]] = running) -> torch.Tensor:
-            parts = [getattr(s, name)[s.num_computed : s.num_computed + n] for s, n in running]
-            parts.append(torch.zeros(pad, heads, case.head_dim, dtype=dtype, device=device))
-            return torch.cat(parts)
-
-        q = pack("q", case.num_heads)
-        k, v = pack("k", case.num_kv_heads), pack("v", case.num_kv_heads)
+        q = _pack(case, running, "q", case.num_heads, dtype, device)
+        k = _pack(case, running, "k", case.num_kv_heads, dtype, device)
+        v = _pack(case, running, "v", case.num_kv_heads, dtype, device)
         out = backend.forward(q, k, v, kv_cache, backend.build_metadata(batch))
         want_shape = (batch.num_tokens, case.num_heads * case.head_dim)
         assert tuple(out.shape) == want_shape, (
