@@ -1,0 +1,411 @@
+"""The scheduler: which requests compute which tokens each step, and what their results mean.
+
+There are no prefill and decode phases. Each step fills one token budget
+(``max_num_batched_tokens``) under a sequence cap (``max_num_seqs``):
+
+1. ``_schedule_running``: running requests in admission order, one token each when
+   decoding or the next chunk of an unfinished prompt. When the KV pool is out of blocks
+   the lowest-priority / latest request is preempted (``_preempt``): its blocks are freed
+   and it is recomputed later (prompt + outputs so far), starting from its cached prefix.
+2. ``_schedule_waiting``: then queued requests (FCFS or by priority), each starting from
+   its prefix-cache hit; a prompt larger than the remaining budget gets a chunk of it
+   (or waits, without chunked prefill). Skipped in a step that preempted.
+
+``update_from_output`` applies what the runner computed: advances ``num_computed_tokens``,
+caches newly full blocks, appends the sampled tokens and checks the stop conditions.
+Not thread-safe: one engine loop drives it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from engine.core.kv_cache import KVCacheConfig, KVCacheManager
+from engine.core.outputs import EngineCoreOutput, SchedulerStats
+from engine.core.request import ReqId, Request, RequestStatus
+from engine.core.request_queue import make_request_queue
+from engine.core.request_tokens import token_slice
+from engine.core.scheduler_config import SchedulerConfig
+from engine.core.scheduler_output import (
+    Logprobs,
+    ModelRunnerOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+)
+from engine.core.stop_checker import check_stop
+from engine.errors import QueueFullError, RequestValidationError
+
+logger = logging.getLogger(__name__)
+
+PREEMPTION_LOG_INTERVAL_S = 60.0
+
+
+@dataclass
+class _StepState:
+    """What one ``schedule`` call has decided so far."""
+
+    token_budget: int
+    scheduled: dict[ReqId, ScheduledRequest] = field(default_factory=dict)
+    num_preempted: int = 0
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_config: KVCacheConfig) -> None:
+        self.config = scheduler_config
+        self.kv_cache_config = kv_cache_config
+        _check_pool_fits_one_sequence(scheduler_config, kv_cache_config)
+        self.kv = KVCacheManager(kv_cache_config)
+        self.requests: dict[ReqId, Request] = {}  # every unfinished request
+        self.waiting = make_request_queue(scheduler_config.policy)
+        self.running: list[Request] = []  # in admission order
+        self.num_preemptions = 0
+        self._num_queued_tokens = 0
+        # Reported in the next non-empty SchedulerOutput, so the runner drops their state.
+        self._finished_req_ids: set[ReqId] = set()
+        self._preempted_req_ids: set[ReqId] = set()
+        self._first_token_times: dict[ReqId, float] = {}
+        # Prompt logprobs: [entries received in this compute pass, entries delivered]. A
+        # preempted request recomputes its prompt; already delivered entries are not resent.
+        self._prompt_logprobs_progress: dict[ReqId, list[int]] = {}
+        self._last_preemption_log = -math.inf
+
+    # -- requests in and out ------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request; ``QueueFullError`` when a ``--max-num-queued-*`` bound is hit."""
+        self._validate_new_request(request)
+        self._check_queue_bounds(request)
+        request.status = RequestStatus.WAITING
+        self.requests[request.req_id] = request
+        self.waiting.add(request)
+        self._num_queued_tokens += request.num_tokens
+
+    def _validate_new_request(self, request: Request) -> None:
+        if request.req_id in self.requests:
+            raise RequestValidationError(
+                f"request id {request.req_id!r} is already in use; give every request a unique id"
+            )
+        if request.num_prompt_tokens == 0:
+            raise RequestValidationError(f"request {request.req_id!r}: the prompt is empty")
+        max_model_len = self.config.max_model_len
+        if request.num_tokens >= max_model_len:
+            raise RequestValidationError(
+                f"request {request.req_id!r}: the prompt has {request.num_tokens} tokens but "
+                f"--max-model-len is {max_model_len}, which must also fit at least one "
+                f"generated token; shorten the prompt to at most {max_model_len - 1} tokens "
+                "or raise --max-model-len"
+            )
+
+    def _check_queue_bounds(self, request: Request) -> None:
+        max_reqs = self.config.max_num_queued_reqs
+        if max_reqs is not None and len(self.waiting) >= max_reqs:
+            raise QueueFullError(
+                f"the waiting queue is full: {len(self.waiting)} requests queued, the bound set "
+                f"by --max-num-queued-reqs ({max_reqs}); retry later or raise "
+                "--max-num-queued-reqs"
+            )
+        max_tokens = self.config.max_num_queued_tokens
+        if max_tokens is None:
+            return
+        if request.num_tokens > max_tokens:
+            raise RequestValidationError(
+                f"request {request.req_id!r}: its {request.num_tokens} prompt tokens exceed "
+                f"--max-num-queued-tokens ({max_tokens}) on their own; shorten the prompt or "
+                "raise --max-num-queued-tokens"
+            )
+        if self._num_queued_tokens + request.num_tokens > max_tokens:
+            raise QueueFullError(
+                f"the waiting queue is full: {self._num_queued_tokens} prompt tokens queued "
+                f"plus {request.num_tokens} new would exceed --max-num-queued-tokens "
+                f"({max_tokens}); retry later or raise --max-num-queued-tokens"
+            )
+
+    def finish_requests(self, req_ids: ReqId | Iterable[ReqId], status: RequestStatus) -> None:
+        """End requests wherever they are (queued, running, mid-prefill) and free their
+        blocks at once. Unknown or already finished ids are ignored (aborts race finishes)."""
+        if not status.is_finished:
+            raise ValueError(f"finish_requests needs a FINISHED_* status, got {status}")
+        if isinstance(req_ids, str):
+            req_ids = [req_ids]
+        running_ids = set()
+        for req_id in req_ids:
+            request = self.requests.get(req_id)
+            if request is None:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                running_ids.add(req_id)
+            else:
+                self._dequeue(request, remove=True)
+            request.status = status
+            self._release(request)
+        if running_ids:
+            self.running = [r for r in self.running if r.req_id not in running_ids]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        state = _StepState(token_budget=self.config.max_num_batched_tokens)
+        self._schedule_running(state)
+        if state.num_preempted == 0:
+            # A step that preempted is short of blocks: admitting more would thrash.
+            self._schedule_waiting(state)
+        scheduled = list(state.scheduled.values())
+        output = SchedulerOutput(
+            scheduled=scheduled,
+            num_scheduled_tokens=sum(s.num_tokens for s in scheduled),
+        )
+        if scheduled:
+            # An empty output never reaches the runner, so its news waits for the next one.
+            output.finished_req_ids, self._finished_req_ids = self._finished_req_ids, set()
+            output.preempted_req_ids, self._preempted_req_ids = self._preempted_req_ids, set()
+        return output
+
+    def _schedule_running(self, state: _StepState) -> None:
+        i = 0
+        while i < len(self.running) and state.token_budget > 0:
+            request = self.running[i]
+            num_new_tokens = self._cap_new_tokens(request.num_tokens - request.num_computed_tokens)
+            num_new_tokens = min(num_new_tokens, state.token_budget)
+            assert num_new_tokens > 0, f"running request {request.req_id} has nothing to compute"
+            while self.kv.allocate_slots(request, num_new_tokens) is None:
+                victim_index = self._pick_victim_index()
+                victim = self.running.pop(victim_index)
+                self._preempt(victim, state)
+                if victim is request:
+                    return  # out of blocks even for itself; the rest waits a step
+                if victim_index < i:
+                    i -= 1  # an earlier, already scheduled request (priority policy)
+            self._add_scheduled(state, request, num_new_tokens)
+            i += 1
+
+    def _schedule_waiting(self, state: _StepState) -> None:
+        while state.token_budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting.peek()
+            if request is None:
+                return
+            computed_blocks, num_cached_tokens = self.kv.get_computed_blocks(request)
+            num_new_tokens = self._cap_new_tokens(request.num_tokens - num_cached_tokens)
+            if num_new_tokens > state.token_budget:
+                if not self.config.enable_chunked_prefill:
+                    return  # the whole prompt must fit one step; it waits (FCFS order kept)
+                num_new_tokens = state.token_budget
+            if self.kv.allocate_slots(request, num_new_tokens, computed_blocks) is None:
+                return
+            self._dequeue(request, remove=False)
+            self._admit(request, num_cached_tokens)
+            self._add_scheduled(state, request, num_new_tokens)
+
+    def _cap_new_tokens(self, num_new_tokens: int) -> int:
+        threshold = self.config.long_prefill_token_threshold
+        return threshold if 0 < threshold < num_new_tokens else num_new_tokens
+
+    def _admit(self, request: Request, num_cached_tokens: int) -> None:
+        self.kv.record_prefix_cache_lookup(request, num_cached_tokens)
+        request.num_computed_tokens = num_cached_tokens
+        request.status = RequestStatus.RUNNING
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.monotonic()
+            request.num_cached_tokens = num_cached_tokens
+        self.running.append(request)
+
+    def _add_scheduled(self, state: _StepState, request: Request, num_new_tokens: int) -> None:
+        start = request.num_computed_tokens
+        end = start + num_new_tokens
+        state.scheduled[request.req_id] = ScheduledRequest(
+            req_id=request.req_id,
+            token_ids=token_slice(request, start, end),
+            start_position=start,
+            block_ids=list(self.kv.get_block_ids(request.req_id)),
+            sample=end == request.num_tokens,
+            request=request,
+        )
+        state.token_budget -= num_new_tokens
+
+    # -- preemption ---------------------------------------------------------------------------
+
+    def _pick_victim_index(self) -> int:
+        """FCFS: the latest admitted. Priority: the largest (priority, arrival) key."""
+        if self.config.policy == "fcfs":
+            return len(self.running) - 1
+        return max(
+            range(len(self.running)),
+            key=lambda j: (self.running[j].priority, self.running[j].arrival_time),
+        )
+
+    def _preempt(self, request: Request, state: _StepState) -> None:
+        """Free the request's blocks and queue it for recomputation (it is already out of
+        ``running``). Its outputs stay: the recompute treats prompt + outputs as its prompt."""
+        scheduled = state.scheduled.pop(request.req_id, None)
+        if scheduled is not None:
+            state.token_budget += scheduled.num_tokens
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        progress = self._prompt_logprobs_progress.get(request.req_id)
+        if progress is not None:
+            progress[0] = 0
+        self.waiting.prepend(request)
+        self._num_queued_tokens += request.num_tokens
+        self._preempted_req_ids.add(request.req_id)
+        self.num_preemptions += 1
+        state.num_preempted += 1
+        self._log_preemption(request)
+
+    def _log_preemption(self, request: Request) -> None:
+        now = time.monotonic()
+        if now - self._last_preemption_log < PREEMPTION_LOG_INTERVAL_S:
+            return
+        self._last_preemption_log = now
+        logger.warning(
+            "Request %s was preempted and will be recomputed: the KV cache is out of blocks "
+            "(%d preemptions so far). To avoid it, give the KV cache more memory "
+            "(--gpu-memory-utilization, --kv-cache-memory-bytes) or lower --max-num-seqs / "
+            "--max-num-batched-tokens.",
+            request.req_id,
+            self.num_preemptions,
+        )
+
+    # -- results ------------------------------------------------------------------------------
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        outputs = []
+        any_finished = False
+        now = time.monotonic()
+        for scheduled in scheduler_output.scheduled:
+            request = scheduled.request
+            if request.status != RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            output = self._apply_step(scheduled, runner_output, now)
+            if output is not None:
+                outputs.append(output)
+            if request.is_finished:
+                any_finished = True
+                self._release(request)
+        if any_finished:
+            self.running = [r for r in self.running if not r.is_finished]
+        return outputs
+
+    def _apply_step(
+        self, scheduled: ScheduledRequest, runner_output: ModelRunnerOutput, now: float
+    ) -> EngineCoreOutput | None:
+        request = scheduled.request
+        req_id = request.req_id
+        assert request.num_computed_tokens == scheduled.start_position, "stale schedule"
+        request.num_computed_tokens += scheduled.num_tokens
+        self.kv.cache_blocks(request, request.num_computed_tokens)
+        new_prompt_logprobs = self._take_prompt_logprobs(
+            request, runner_output.prompt_logprobs.get(req_id)
+        )
+        new_token_ids: list[int] = []
+        new_logprobs = None
+        if scheduled.sample:
+            token_id = runner_output.sampled_token_ids.get(req_id)
+            if token_id is None:
+                raise RuntimeError(
+                    f"the model runner returned no sampled token for request {req_id!r}, "
+                    "which was scheduled with sample=True"
+                )
+            request.output_token_ids.append(token_id)
+            new_token_ids = [token_id]
+            logprobs = runner_output.logprobs.get(req_id)
+            new_logprobs = [logprobs] if logprobs is not None else None
+            self._first_token_times.setdefault(req_id, now)
+            check_stop(request, self.config.max_model_len)
+        if not new_token_ids and new_prompt_logprobs is None:
+            return None  # a prompt chunk that is not the last one
+        return EngineCoreOutput(
+            req_id=req_id,
+            new_token_ids=new_token_ids,
+            new_logprobs=new_logprobs,
+            new_prompt_logprobs=new_prompt_logprobs,
+            finish_reason=request.status.finish_reason,
+            stop_reason=request.stop_reason,
+            num_cached_tokens=request.num_cached_tokens,
+            arrival_time=request.arrival_time,
+            first_scheduled_time=request.first_scheduled_time,
+            first_token_time=self._first_token_times.get(req_id),
+            timestamp=now,
+            num_preemptions=request.num_preemptions,
+        )
+
+    def _take_prompt_logprobs(
+        self, request: Request, entries: list[Logprobs] | None
+    ) -> list[Logprobs] | None:
+        """The entries not delivered before (a recomputed prompt yields them again).
+
+        pass indices   [received ........ received + len(entries))
+        deliver        [max(received, delivered) .. min(end, num_prompt_tokens - 1))
+        """
+        if entries is None:
+            return None
+        progress = self._prompt_logprobs_progress.setdefault(request.req_id, [0, 0])
+        received, delivered = progress
+        end = received + len(entries)
+        first = max(received, delivered)
+        last = min(end, request.num_prompt_tokens - 1)
+        progress[0] = end
+        if last <= first:
+            return None
+        progress[1] = last
+        return entries[first - received : last - received]
+
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    def _dequeue(self, request: Request, remove: bool) -> None:
+        """Take a queued request out of the waiting queue (popping it from the front, or
+        marking it removed from anywhere)."""
+        if remove:
+            self.waiting.remove(request)
+        else:
+            popped = self.waiting.pop()
+            assert popped is request
+        self._num_queued_tokens -= request.num_tokens
+
+    def _release(self, request: Request) -> None:
+        """A finished request: free its blocks and forget it."""
+        req_id = request.req_id
+        self.kv.free(request)
+        self.kv.free_block_hashes(req_id)
+        del self.requests[req_id]
+        self._first_token_times.pop(req_id, None)
+        self._prompt_logprobs_progress.pop(req_id, None)
+        self._finished_req_ids.add(req_id)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=self.kv.usage,
+            num_preemptions=self.num_preemptions,
+            prefix_cache_queries=self.kv.prefix_cache_queries,
+            prefix_cache_hits=self.kv.prefix_cache_hits,
+            num_free_blocks=self.kv.num_free_blocks,
+            num_total_blocks=self.kv.num_usable_blocks,
+        )
+
+
+def _check_pool_fits_one_sequence(
+    scheduler_config: SchedulerConfig, kv_cache_config: KVCacheConfig
+) -> None:
+    """A request alone must always fit, or preemption could never make progress."""
+    capacity = kv_cache_config.num_usable_blocks * kv_cache_config.block_size
+    if capacity < scheduler_config.max_model_len:
+        raise ValueError(
+            f"the KV cache holds {capacity} tokens ({kv_cache_config.num_usable_blocks} usable "
+            f"blocks of {kv_cache_config.block_size}) but one sequence may reach --max-model-len "
+            f"({scheduler_config.max_model_len}) tokens; lower --max-model-len to {capacity} or "
+            "give the KV cache more memory (--gpu-memory-utilization, --kv-cache-memory-bytes)"
+        )
