@@ -1,3 +1,4 @@
+# mypy: disable-error-code="empty-body"
 """Every hook a plugin can implement: the one source of truth for the plugin contract.
 
 Each hook is called once when the engine loads plugins and returns a list of spec records

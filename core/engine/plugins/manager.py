@@ -1,0 +1,301 @@
+"""The plugin manager: discover, activate, load plugins and answer what the core asks.
+
+``PluginManager.load(...)`` is the only way in; there is no module-global instance. It
+reads entry points (group ``engine.plugins``), applies ``--plugin`` / ``ENGINE_PLUGINS``
+activation, imports the active plugins, calls every hook once per plugin and registers the
+returned specs. A requested plugin that is missing or broken is an error; an autoloaded
+one that fails is recorded as ``failed`` and the engine goes on without it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+from engine_sdk import PROJECT_NAME, hookspecs
+from engine_sdk.kinds import KIND_HOOKS, validate_hook_result
+from engine_sdk.specs import SPEC_KINDS, AttentionBackendSpec, PluginSpec
+
+from engine.plugins.activation import Activation, parse_activation
+from engine.plugins.catalogue import Catalogue
+from engine.plugins.discovery import Candidate, discover_entry_points
+from engine.plugins.errors import PluginError
+from engine.plugins.info import PluginInfo
+from engine.plugins.registry import Registry
+from engine.plugins.selection import normalize_device, normalize_dtype, rank_backends
+from engine.plugins.versions import sdk_requirement, specifier_contains
+
+if TYPE_CHECKING:
+    from engine_sdk.interfaces.attention import AttentionBackend
+
+
+def _sdk_version() -> str:
+    import engine_sdk
+
+    return engine_sdk.__version__
+
+
+def _extra_name(plugin: object) -> str:
+    name = getattr(plugin, "__name__", None)
+    return name if isinstance(name, str) else f"{type(plugin).__name__}-{id(plugin):x}"
+
+
+class PluginManager:
+    """Loaded plugins and their specs. Build one with :meth:`load`."""
+
+    def __init__(self, activation: Activation, catalogue: Catalogue) -> None:
+        self.activation = activation
+        self.catalogue = catalogue
+        self.registry = Registry()
+        self.hooks = pluggy.PluginManager(PROJECT_NAME)
+        self.hooks.add_hookspecs(hookspecs)
+        self._plugins: list[PluginInfo] = []
+        self._candidates: dict[str, Candidate] = {}
+        if activation.trace:
+            self.hooks.trace.root.setwriter(
+                lambda message: sys.stderr.write(f"[engine.plugins] {message}")
+            )
+            self.hooks.enable_tracing()
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(
+        cls,
+        requested: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        extra_plugins: Sequence[object] = (),
+        *,
+        discover: bool = True,
+        catalogue: Catalogue | None = None,
+    ) -> PluginManager:
+        """Discover and load plugins; ``extra_plugins`` are modules/objects (for tests).
+
+        ``discover=False`` skips entry points so only ``extra_plugins`` load.
+        """
+        env = os.environ if env is None else env
+        activation = parse_activation(requested, env)
+        pm = cls(activation, catalogue if catalogue is not None else Catalogue.find(env))
+        candidates = discover_entry_points() if discover else []
+        extra_names = [_extra_name(plugin) for plugin in extra_plugins]
+        pm._check_requested(candidates, extra_names)
+        pm._check_entry_point_names(candidates)
+        for candidate in candidates:
+            pm._load_candidate(candidate)
+        for plugin, name in zip(extra_plugins, extra_names, strict=True):
+            info = PluginInfo(name=name, dist=None, version=None, status="loaded")
+            info.requested = name in activation.requested
+            pm._plugins.append(info)
+            pm._activate(info, plugin)
+        return pm
+
+    def _check_requested(self, candidates: list[Candidate], extra_names: list[str]) -> None:
+        available = {c.name for c in candidates} | {c.dist for c in candidates if c.dist}
+        available |= set(extra_names)
+        for name in self.activation.requested:
+            if name not in available:
+                raise PluginError(
+                    f"plugin {name!r} was requested (--plugin / ENGINE_PLUGINS) but is not "
+                    f"installed; {self.catalogue.install_hint(name)}"
+                )
+
+    def _check_entry_point_names(self, candidates: list[Candidate]) -> None:
+        by_name: dict[str, Candidate] = {}
+        for candidate in candidates:
+            if self._is_blocked(candidate):
+                continue
+            other = by_name.get(candidate.name)
+            if other is not None:
+                raise PluginError(
+                    f"plugin name {candidate.name!r} is registered by two distributions: "
+                    f"{other.dist} and {candidate.dist}; uninstall one of them"
+                )
+            by_name[candidate.name] = candidate
+
+    def _is_blocked(self, candidate: Candidate) -> bool:
+        return candidate.name in self.activation.blocked or (
+            candidate.dist is not None and candidate.dist in self.activation.blocked
+        )
+
+    def _is_requested(self, candidate: Candidate) -> bool:
+        return candidate.name in self.activation.requested or (
+            candidate.dist is not None and candidate.dist in self.activation.requested
+        )
+
+    def _load_candidate(self, candidate: Candidate) -> None:
+        requirement = sdk_requirement(list(candidate.requires))
+        info = PluginInfo(
+            name=candidate.name,
+            dist=candidate.dist,
+            version=candidate.version,
+            status="not_loaded",
+            module=candidate.value,
+            sdk_requirement=requirement,
+            requested=self._is_requested(candidate),
+        )
+        if requirement is not None:
+            try:
+                info.sdk_compatible = specifier_contains(requirement, _sdk_version())
+            except ValueError:
+                info.sdk_compatible = None
+        self._plugins.append(info)
+        self._candidates[candidate.name] = candidate
+        if self._is_blocked(candidate):
+            info.status = "blocked"
+        elif self.activation.autoload or info.requested:
+            self._import_and_activate(info, candidate)
+
+    def _import_and_activate(self, info: PluginInfo, candidate: Candidate) -> None:
+        try:
+            plugin = candidate.entry_point.load()
+        except Exception as exc:
+            self._fail(info, f"import of {candidate.value!r} failed: {type(exc).__name__}: {exc}")
+            return
+        self._activate(info, plugin)
+
+    def _fail(self, info: PluginInfo, error: str) -> None:
+        info.status = "failed"
+        info.error = error
+        if info.requested:
+            raise PluginError(
+                f"plugin {info.name!r} ({info.dist}) was requested but cannot load: {error}. "
+                f"Reinstall it ({self.catalogue.install_hint(info.name)}) or drop "
+                f"--plugin {info.name}"
+            )
+
+    def _activate(self, info: PluginInfo, plugin: object) -> None:
+        """Register with pluggy, call each hook for this plugin alone, register its specs."""
+        try:
+            self.hooks.register(plugin, name=info.name)
+            self.hooks.check_pending()
+        except Exception as exc:
+            if self.hooks.is_registered(plugin):
+                self.hooks.unregister(plugin)
+            self._fail(info, f"invalid hooks: {type(exc).__name__}: {exc}")
+            return
+        others = [p for p in self.hooks.get_plugins() if p is not plugin]
+        specs: dict[str, list[PluginSpec]] = {}
+        try:
+            for kind, hook_name in KIND_HOOKS.items():
+                caller = self.hooks.subset_hook_caller(hook_name, remove_plugins=others)
+                for result in caller():
+                    specs.setdefault(kind, []).extend(validate_hook_result(kind, result, info.name))
+        except Exception as exc:
+            self.hooks.unregister(plugin)
+            self._fail(info, f"a hook failed: {type(exc).__name__}: {exc}")
+            return
+        info.specs = {kind: found for kind, found in specs.items() if found}
+        for kind_specs in info.specs.values():
+            for spec in kind_specs:
+                self.registry.add(spec, info)
+        info.status = "loaded"
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def plugins(self) -> list[PluginInfo]:
+        return list(self._plugins)
+
+    def get_plugin(self, name: str) -> PluginInfo | None:
+        for info in self._plugins:
+            if name in (info.name, info.dist):
+                return info
+        return None
+
+    def worker_args(self) -> list[str]:
+        """``--plugin`` values that make a worker process load the same set of plugins."""
+        loaded = [info.name for info in self._plugins if info.status == "loaded" and info.dist]
+        blocked = [f"no:{info.name}" for info in self._plugins if info.status != "loaded"]
+        return loaded + blocked
+
+    def specs(self, kind: str) -> list[PluginSpec]:
+        return self.registry.specs(kind)
+
+    def find_model_architecture(self, arch: str) -> Any:
+        """The ``ModelArchitecture`` subclass serving HF architecture name ``arch``."""
+        found = self.registry.architecture(arch)
+        if found is None:
+            known = ", ".join(self.registry.architectures()) or "none"
+            raise PluginError(
+                f"no loaded plugin serves the model architecture {arch!r} (config.json "
+                f"'architectures'); served: {known}. Install a plugin for it "
+                "(`engine plugins list --available`) or check `engine plugins list` for "
+                "failed plugins"
+            )
+        return self.registry.resolve("model_architecture", found[0].name)
+
+    def select_attention_backend(
+        self, device: str, dtype: str, block_size: int, name: str | None = None
+    ) -> type[AttentionBackend]:
+        """The named backend if it fits, else the highest-priority fitting one."""
+        device, dtype = normalize_device(device), normalize_dtype(dtype)
+        specs = self.registry.specs("attention_backend")
+        attention_specs = [s for s in specs if isinstance(s, AttentionBackendSpec)]
+        fitting, rejected = rank_backends(attention_specs, device, dtype, block_size)
+        wanted = f"device={device}, dtype={dtype}, block_size={block_size}"
+        if name is not None:
+            self.registry.get_spec("attention_backend", name)
+            if name in rejected:
+                others = ", ".join(s.name for s in fitting) or "none"
+                raise PluginError(
+                    f"attention backend {name!r} cannot run {wanted}: {rejected[name]}. "
+                    f"Backends that fit: {others}; change --attention-backend or the "
+                    "dtype/block size"
+                )
+            chosen = name
+        elif fitting:
+            chosen = fitting[0].name
+        else:
+            why = "; ".join(f"{n}: {r}" for n, r in rejected.items()) or "none is loaded"
+            raise PluginError(
+                f"no attention backend fits {wanted} ({why}). Change --dtype / --block-size "
+                "/ --device, or install a backend plugin for this hardware "
+                "(`engine plugins list --available --kind attention_backend`)"
+            )
+        backend: type[AttentionBackend] = self.registry.resolve("attention_backend", chosen)
+        return backend
+
+    def require_quant_method(self, quant_method: str) -> Any:
+        """The ``QuantizationConfig`` subclass for ``quant_method``; loads an installed but
+        not-yet-loaded provider (a checkpoint pulls in its method's plugin)."""
+        kind = "quantization_method"
+        if quant_method in self.registry.names(kind):
+            return self.registry.resolve(kind, quant_method)
+        providers = self.catalogue.providers_of(kind, quant_method)
+        for entry in providers:
+            info = self.get_plugin(entry.name)
+            if info is None:
+                continue
+            if info.status == "not_loaded":
+                info.requested = True
+                self._import_and_activate(info, self._candidates[info.name])
+                return self.registry.resolve(kind, quant_method)
+            if info.status == "blocked":
+                raise PluginError(
+                    f"quantization method {quant_method!r} needs plugin {info.name!r}, which "
+                    f"is blocked (no:{info.name}); remove that from --plugin / ENGINE_PLUGINS"
+                )
+            if info.status == "failed":
+                raise PluginError(
+                    f"quantization method {quant_method!r} needs plugin {info.name!r}, which "
+                    f"failed to load: {info.error}"
+                )
+        known = ", ".join(self.registry.names(kind)) or "none"
+        if providers:
+            hint = "; ".join(f"plugin {e.name!r}: {e.install_hint()}" for e in providers)
+            todo = f"install its plugin: {hint}"
+        else:
+            todo = (
+                "no known plugin provides it (registry.toml); install a third-party plugin "
+                "for it or use an unquantized checkpoint"
+            )
+        raise PluginError(
+            f"quantization method {quant_method!r} is not provided by any loaded plugin "
+            f"(loaded methods: {known}); {todo}"
+        )
+
+    def kinds(self) -> list[str]:
+        return list(SPEC_KINDS)
