@@ -1,0 +1,1 @@
+"""Benchmarks behind ``engine bench``: offline throughput, latency, and serving load."""

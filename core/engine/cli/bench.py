@@ -1,0 +1,154 @@
+"""``engine bench throughput | latency | serve``: measure the engine, print a table, save JSON.
+
+``throughput`` and ``latency`` build the engine in-process and accept every engine flag of
+``engine serve`` (``--model``, ``--load-format dummy``, ``--max-num-seqs`` ...);
+``serve`` drives a server that is already running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(name="bench", help="Benchmark the engine (offline or against a server).")
+
+_EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+InputLen = Annotated[int, typer.Option("--random-input-len", "--input-len")]
+OutputLen = Annotated[int, typer.Option("--random-output-len", "--output-len")]
+SaveResult = Annotated[str | None, typer.Option("--save-result", help="Write the JSON here.")]
+
+
+def _engine_from_args(argv: list[str]) -> Any:
+    """Build ``LLM`` from engine flags (the same flags and parsing as ``engine serve``)."""
+    from engine.cli.serve_args import UsageError, build_parser, flag_specs
+    from engine.config import EngineArgs
+    from engine.entrypoints.llm import LLM
+
+    specs = [s for s in flag_specs() if s.owner == "engine"]
+    try:
+        ns = vars(build_parser(specs).parse_args(argv))
+    except UsageError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    ns.pop("help", None)
+    positional = ns.pop("model_positional", None)
+    if positional:
+        ns["model"] = positional
+    if not ns.get("model"):
+        raise typer.BadParameter("pass --model PATH (an HF folder, or config-only with dummy)")
+    return LLM(**{k: v for k, v in ns.items() if k in EngineArgs.field_names()})
+
+
+def _vocab_size(llm: Any) -> int:
+    return int(llm.llm_engine.vocab_size)
+
+
+def _finish(kind: str, result: dict[str, Any], save_result: str | None) -> None:
+    from engine.benchmarks.report import envelope, save, table
+
+    record = envelope(kind, result)
+    save(save_result, record)
+    rows = [(k, v) for k, v in result.items() if not isinstance(v, (dict, list))]
+    for key, value in result.items():
+        if isinstance(value, dict):
+            rows += [(f"{key} {name}", number) for name, number in value.items()]
+    typer.echo(table(rows))
+
+
+@app.command(context_settings=_EXTRA)
+def throughput(
+    ctx: typer.Context,
+    dataset_name: Annotated[str, typer.Option(help="random or nano-vllm")] = "random",
+    num_prompts: int = 1000,
+    input_len: InputLen = 512,
+    output_len: OutputLen = 256,
+    random_range_ratio: float = 0.0,
+    random_prefix_len: int = 0,
+    temperature: float = 1.0,
+    save_result: SaveResult = None,
+) -> None:
+    """Offline throughput: every prompt submitted at once, output tokens per second."""
+    from engine.benchmarks.datasets import nano_vllm_requests, random_requests
+    from engine.benchmarks.offline import run_throughput
+
+    llm = _engine_from_args(list(ctx.args))
+    if dataset_name == "nano-vllm":
+        requests = nano_vllm_requests()
+    elif dataset_name == "random":
+        requests = random_requests(
+            num_prompts,
+            input_len,
+            output_len,
+            _vocab_size(llm),
+            random_range_ratio,
+            random_prefix_len,
+        )
+    else:
+        raise typer.BadParameter("--dataset-name must be random or nano-vllm")
+    _finish("throughput", run_throughput(llm, requests, temperature), save_result)
+
+
+@app.command(context_settings=_EXTRA)
+def latency(
+    ctx: typer.Context,
+    batch_size: int = 1,
+    input_len: InputLen = 128,
+    output_len: OutputLen = 256,
+    num_iters: int = 5,
+    num_iters_warmup: int = 2,
+    temperature: float = 0.0,
+    save_result: SaveResult = None,
+) -> None:
+    """Latency of one batch, generated ``--num-iters`` times."""
+    from engine.benchmarks.datasets import random_requests
+    from engine.benchmarks.offline import run_latency
+
+    llm = _engine_from_args(list(ctx.args))
+    batch = random_requests(batch_size, input_len, output_len, _vocab_size(llm))
+    result = run_latency(llm, batch, num_iters, num_iters_warmup, temperature)
+    _finish("latency", result, save_result)
+
+
+@app.command()
+def serve(
+    base_url: Annotated[str, typer.Option(help="The server's /v1 URL.")] = (
+        "http://127.0.0.1:8000/v1"
+    ),
+    model: Annotated[str | None, typer.Option(help="Model name (default: the first).")] = None,
+    dataset_name: str = "random",
+    num_prompts: int = 1000,
+    input_len: InputLen = 512,
+    output_len: OutputLen = 256,
+    random_range_ratio: float = 0.0,
+    random_prefix_len: int = 0,
+    vocab_size: Annotated[int, typer.Option(help="Token ids are drawn below this.")] = 10000,
+    max_concurrency: int | None = None,
+    request_rate: Annotated[float, typer.Option(help="Requests/s (inf: all at once).")] = float(
+        "inf"
+    ),
+    api_key: Annotated[str | None, typer.Option(envvar="ENGINE_API_KEY")] = None,
+    save_result: SaveResult = None,
+) -> None:
+    """Drive a running server with concurrent streaming requests (TTFT, TPOT, ITL, E2E)."""
+    import httpx
+
+    from engine.benchmarks.datasets import nano_vllm_requests, random_requests
+    from engine.benchmarks.serving import run_serving
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if model is None:
+        resp = httpx.get(base_url.rstrip("/") + "/models", headers=headers, timeout=30)
+        resp.raise_for_status()
+        model = resp.json()["data"][0]["id"]
+    if dataset_name == "nano-vllm":
+        requests = nano_vllm_requests()
+    else:
+        requests = random_requests(
+            num_prompts, input_len, output_len, vocab_size, random_range_ratio, random_prefix_len
+        )
+    result = asyncio.run(
+        run_serving(base_url, model, requests, max_concurrency, request_rate, api_key)
+    )
+    _finish("serve", result, save_result)
