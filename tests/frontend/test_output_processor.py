@@ -25,7 +25,10 @@ def _out(req_id: str, token: int | None, finish: str | None = None, **kw: Any) -
 def _register(proc: OutputProcessor, rid: str, prompt: list[int], params: SamplingParams) -> None:
     ids = child_req_ids(rid, params.n)
     proc.add_request(
-        rid, None, prompt, list(zip(ids, child_params(params, params.n), [None] * params.n))
+        rid,
+        None,
+        prompt,
+        list(zip(ids, child_params(params, params.n), [None] * params.n, strict=True)),
     )
 
 
