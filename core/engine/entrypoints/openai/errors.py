@@ -1,0 +1,155 @@
+"""OpenAI-style error bodies and the exception handlers that produce them.
+
+Every error leaves the server as ``{"error": {"message", "type", "param", "code"}}`` with a
+4xx/5xx status. Bad input is always a 400 that names the field (FastAPI's 422 never
+appears); only a bug inside the server is a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.errors import QueueFullError
+from engine.errors import RequestValidationError as EngineRequestValidationError
+
+logger = logging.getLogger("engine.server")
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_server_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """An error to return to the client as an OpenAI error object."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+
+def error_body(
+    message: str, status: int = 400, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": _ERROR_TYPES.get(status, "invalid_request_error"),
+            "param": param,
+            "code": code if code is not None else status,
+        }
+    }
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(
+        error_body(exc.message, exc.status, exc.param, exc.code),
+        status_code=exc.status,
+        headers=exc.headers,
+    )
+
+
+def model_not_found(name: str) -> APIError:
+    return APIError(f"The model `{name}` does not exist.", 404, "model", "model_not_found")
+
+
+def queue_full(exc: Exception) -> APIError:
+    return APIError(
+        f"The server is at capacity: {exc}. Retry later.",
+        503,
+        code="queue_full",
+        headers={"Retry-After": "1"},
+    )
+
+
+def describe_validation_errors(errors: list[Any]) -> tuple[str, str | None]:
+    """One readable message from pydantic errors, and the first offending field."""
+    parts = []
+    first_param: str | None = None
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+        if err.get("type") == "json_invalid":
+            ctx = err.get("ctx", {}) or {}
+            detail = ctx.get("error", err.get("msg", ""))
+            return f"Malformed JSON body: {detail}. Send a valid JSON object.", None
+        # A union reports one entry per member type; the field name is enough.
+        loc = [p for p in loc if not _looks_like_type_tag(p)]
+        field = ".".join(loc) if loc else "body"
+        if first_param is None:
+            first_param = field
+        parts.append(f"{field}: {err.get('msg', 'invalid value')}")
+    unique = list(dict.fromkeys(parts))
+    return "Invalid request: " + "; ".join(unique[:5]), first_param
+
+
+def _looks_like_type_tag(part: str) -> bool:
+    return part in ("str", "int", "float", "bool", "list[str]", "list[int]", "list[list[int]]") or (
+        part.startswith(("list[", "dict[", "function-", "literal["))
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = describe_validation_errors(list(exc.errors()))
+        return error_response(APIError(message, 400, param))
+
+    @app.exception_handler(ValidationError)
+    async def _pydantic(request: Request, exc: ValidationError) -> JSONResponse:
+        message, param = describe_validation_errors(list(exc.errors()))
+        return error_response(APIError(message, 400, param))
+
+    @app.exception_handler(EngineRequestValidationError)
+    async def _engine_validation(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(APIError(str(exc), 400))
+
+    @app.exception_handler(QueueFullError)
+    async def _queue_full(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(queue_full(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        try:
+            phrase = HTTPStatus(exc.status_code).phrase
+        except ValueError:
+            phrase = "Error"
+        message = exc.detail if isinstance(exc.detail, str) else phrase
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"No route {request.method} {request.url.path}. See /docs or /v1/models."
+        return error_response(APIError(message, exc.status_code))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("internal error while serving %s", request.url.path)
+        return error_response(APIError(f"Internal server error: {type(exc).__name__}: {exc}", 500))

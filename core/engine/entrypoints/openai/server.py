@@ -1,0 +1,152 @@
+"""Run the app under uvicorn: startup line, SIGTERM drain, engine shutdown.
+
+On the first SIGTERM (or Ctrl-C) the server answers new requests with 503, waits up to
+``--shutdown-timeout`` seconds for in-flight requests, aborts the rest (they end with
+``finish_reason: "abort"``) and exits 0. A second Ctrl-C aborts at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from engine.config import EngineArgs
+from engine.entrypoints.openai.api_server import build_app, describe_config
+from engine.entrypoints.openai.metrics import ServerMetrics
+from engine.entrypoints.openai.serving_base import ServingContext
+from engine.server_config import ServerArgs
+
+logger = logging.getLogger("engine.server")
+_ABORT_GRACE_S = 5.0
+
+
+class EngineServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, ctx: ServingContext, shutdown_timeout: float):
+        super().__init__(config)
+        self.ctx = ctx
+        self.shutdown_timeout = shutdown_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        self._signals = 0
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+        if self.started:
+            cfg = self.config
+            scheme = "https" if cfg.ssl_certfile else "http"
+            host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+            port = self.servers[0].sockets[0].getsockname()[1] if self.servers else cfg.port
+            logger.info("Engine ready at %s://%s:%s", scheme, host, port)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        # Not recorded in _captured_signals: uvicorn would re-raise it and exit with -15.
+        self._signals += 1
+        if self._loop is None:  # before startup finished: stop plainly
+            self.should_exit = True
+            return
+        immediate = self._signals > 1
+        self._loop.call_soon_threadsafe(self._start_drain, immediate)
+
+    def _start_drain(self, immediate: bool) -> None:
+        self.ctx.inflight.draining = True
+        if immediate:
+            logger.warning("Second signal: aborting %d request(s) now.", len(self.ctx.inflight))
+            asyncio.ensure_future(self._abort_and_exit())
+        elif self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        inflight = self.ctx.inflight
+        logger.info(
+            "Shutting down: no new requests; waiting up to %.0f s for %d in-flight request(s).",
+            self.shutdown_timeout,
+            len(inflight),
+        )
+        deadline = time.monotonic() + self.shutdown_timeout
+        while len(inflight) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self._abort_and_exit()
+
+    async def _abort_and_exit(self) -> None:
+        inflight = self.ctx.inflight
+        if len(inflight):
+            logger.warning(
+                "Shutdown timeout reached: aborting %d request(s) (finish_reason 'abort').",
+                len(inflight),
+            )
+            await inflight.abort_all()
+            deadline = time.monotonic() + _ABORT_GRACE_S
+            while len(inflight) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        self.should_exit = True
+
+
+def default_served_name(model: str | None) -> str:
+    from engine.server_config import DEFAULT_MODEL_NAME
+
+    if not model:
+        return DEFAULT_MODEL_NAME
+    path = Path(model.rstrip("/"))
+    return path.stem if path.suffix.lower() == ".gguf" else path.name
+
+
+def attach_stats_listener(engine_client: Any, metrics: ServerMetrics) -> bool:
+    """Feed the engine's per-step ``IterationStats`` into the metrics, if it offers them."""
+    for name in ("add_stats_listener", "register_stats_listener"):
+        hook = getattr(engine_client, name, None)
+        if callable(hook):
+            hook(metrics.observe_iteration)
+            metrics.engine_reports_iterations = True
+            return True
+    return False
+
+
+def run_server(
+    engine_args: EngineArgs,
+    server_args: ServerArgs,
+    engine_factory: Callable[[EngineArgs], Any] | None = None,
+) -> None:
+    """Start the engine, serve until a signal, drain, shut the engine down."""
+    if engine_factory is None:
+        from engine.async_llm import AsyncLLM
+
+        engine_factory = AsyncLLM.from_args
+    logger.info("Resolved configuration:\n%s", describe_config(engine_args, server_args))
+    engine_client = engine_factory(engine_args)
+    try:
+        names = server_args.served_model_name or [default_served_name(engine_args.model)]
+        ctx = ServingContext(
+            engine=engine_client,
+            served_model_names=list(names),
+            metrics=ServerMetrics(names[0], lambda: engine_client.stats()),
+            log_requests=server_args.enable_log_requests,
+            max_logprobs=engine_args.max_logprobs,
+        )
+        attach_stats_listener(engine_client, ctx.metrics)
+        app = build_app(ctx, server_args)
+        config = uvicorn.Config(
+            app,
+            host=server_args.host,
+            port=server_args.port,
+            log_config=None,
+            log_level=server_args.log_level,
+            access_log=server_args.enable_log_requests,
+            ssl_keyfile=server_args.ssl_keyfile,
+            ssl_certfile=server_args.ssl_certfile,
+            h11_max_incomplete_event_size=server_args.max_request_body_bytes,
+            timeout_graceful_shutdown=int(_ABORT_GRACE_S),
+            timeout_keep_alive=5,
+            lifespan="on",
+        )
+        EngineServer(config, ctx, server_args.shutdown_timeout).run()
+    finally:
+        engine_client.shutdown()
+        logger.info("Engine stopped.")

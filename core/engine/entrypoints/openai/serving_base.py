@@ -1,0 +1,283 @@
+"""What chat and completion serving share: model names, sampling parameters, length
+checks, and running engine requests so that a vanished client aborts them.
+
+``EngineStream`` wraps one ``engine.generate`` call: closing it (client gone, SIGTERM drain
+timeout, an error) aborts the request in the engine, which frees its KV blocks at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio
+from fastapi import Request
+
+from engine.entrypoints.openai.errors import APIError, model_not_found
+from engine.entrypoints.openai.metrics import ServerMetrics
+from engine.entrypoints.openai.protocol import SamplingFields
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("engine.server")
+T = TypeVar("T")
+
+
+class ClientDisconnected(Exception):
+    """The HTTP client went away before its response was ready."""
+
+
+@dataclass
+class InflightRequests:
+    """Engine requests in progress, so SIGTERM can wait for them or abort them."""
+
+    streams: dict[str, EngineStream] = field(default_factory=dict)
+    draining: bool = False
+
+    def __len__(self) -> int:
+        return len(self.streams)
+
+    async def abort_all(self) -> None:
+        for stream in list(self.streams.values()):
+            stream.aborted_by_server = True
+            await stream.abort()
+
+
+@dataclass
+class ServingContext:
+    engine: Any  # AsyncLLM (or a test double with the same interface)
+    served_model_names: list[str]
+    metrics: ServerMetrics
+    log_requests: bool = False
+    max_logprobs: int = 20
+    inflight: InflightRequests = field(default_factory=InflightRequests)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.max_model_len)
+
+    def resolve_model(self, name: str | None) -> str:
+        if name is None or name == "":
+            return self.served_model_names[0]
+        if name not in self.served_model_names:
+            raise model_not_found(name)
+        return name
+
+
+def new_request_id(request: Request) -> str:
+    given = getattr(request.state, "request_id", None)
+    return str(given) if given else uuid.uuid4().hex
+
+
+def check_length(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
+    """Return the output budget; 400 when prompt plus requested output exceed the context."""
+    if max_tokens is None:
+        if num_prompt_tokens >= max_model_len:
+            raise APIError(
+                f"This model's maximum context length is {max_model_len} tokens, but the "
+                f"prompt has {num_prompt_tokens} tokens, leaving no room for output. "
+                "Shorten the prompt.",
+                400,
+                "messages",
+                "context_length_exceeded",
+            )
+        return max_model_len - num_prompt_tokens
+    total = num_prompt_tokens + max_tokens
+    if total > max_model_len:
+        raise APIError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {total} tokens ({num_prompt_tokens} in the prompt, {max_tokens} for "
+            f"the completion). Reduce the prompt or max_tokens to at most "
+            f"{max(max_model_len - num_prompt_tokens, 0)}.",
+            400,
+            "max_tokens",
+            "context_length_exceeded",
+        )
+    return max_tokens
+
+
+def build_sampling_params(
+    req: SamplingFields,
+    defaults: SamplingParams,
+    max_tokens: int,
+    logprobs: int | None,
+    max_logprobs: int,
+    prompt_logprobs: int | None = None,
+) -> SamplingParams:
+    """Request fields over the model's defaults; 400 naming the field when out of range."""
+    changes: dict[str, Any] = {
+        "n": req.n,
+        "max_tokens": max_tokens,
+        "min_tokens": req.min_tokens,
+        "seed": req.seed,
+        "ignore_eos": req.ignore_eos,
+        "include_stop_str_in_output": req.include_stop_str_in_output,
+        "skip_special_tokens": req.skip_special_tokens,
+        "logprobs": logprobs,
+        "prompt_logprobs": prompt_logprobs,
+    }
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+    ):
+        value = getattr(req, name)
+        if value is not None:
+            changes[name] = value
+    if req.stop is not None:
+        changes["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+    if req.stop_token_ids is not None:
+        changes["stop_token_ids"] = list(req.stop_token_ids)
+    params = defaults.clone(**changes)
+    if params.top_k == -1:
+        params.top_k = 0
+    try:
+        params.validate(max_logprobs=max_logprobs)
+    except ValueError as exc:
+        message = str(exc)
+        raise APIError(message, 400, message.split(" ", 1)[0]) from None
+    return params
+
+
+class EngineStream:
+    """One engine request as an async iterator; ``close`` aborts it if unfinished."""
+
+    def __init__(
+        self, ctx: ServingContext, prompt: Any, params: SamplingParams, req_id: str,
+        priority: int = 0, cache_salt: str | None = None,
+    ) -> None:  # fmt: skip
+        if req_id in ctx.inflight.streams:
+            raise APIError(
+                f"A request with id {req_id!r} is already running; send a unique X-Request-Id.",
+                409,
+            )
+        self.ctx = ctx
+        self.req_id = req_id
+        self.finished = False
+        self.aborted_by_server = False
+        self._gen = ctx.engine.generate(
+            prompt, params, req_id, priority=priority, cache_salt=cache_salt
+        )
+        ctx.inflight.streams[req_id] = self
+
+    def __aiter__(self) -> EngineStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        out: RequestOutput = await self._gen.__anext__()
+        if out.finished:
+            self.finished = True
+        return out
+
+    async def abort(self) -> None:
+        if not self.finished:
+            with anyio.CancelScope(shield=True):
+                await self.ctx.engine.abort(self.req_id)
+
+    async def close(self) -> None:
+        """Release the request: abort it in the engine unless it finished."""
+        self.ctx.inflight.streams.pop(self.req_id, None)
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._gen.aclose()
+            except Exception:  # closing must not mask the original error
+                logger.debug("closing request %s failed", self.req_id, exc_info=True)
+            if not self.finished:
+                await self.abort()
+
+
+async def first_output(stream: EngineStream) -> RequestOutput | None:
+    """The first engine output (errors such as a full queue surface here, before headers)."""
+    try:
+        return await stream.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+async def outputs_from(
+    stream: EngineStream, first: RequestOutput | None
+) -> AsyncIterator[RequestOutput]:
+    """``first`` (already taken) followed by the rest of the stream, up to the final one."""
+    if first is None:
+        return
+    yield first
+    if first.finished:
+        return
+    async for out in stream:
+        yield out
+        if out.finished:
+            return
+
+
+async def merge_streams(streams: list[EngineStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Outputs of several streams as they come, tagged with the stream's index."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+            if out.finished:
+                return
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: EngineStream) -> None:
+        try:
+            async for out in stream:
+                await queue.put((i, out))
+                if out.finished:
+                    break
+        except BaseException as exc:  # forwarded to the consumer
+            await queue.put((i, exc))
+            return
+        await queue.put((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def close_all(streams: list[EngineStream]) -> None:
+    for stream in streams:
+        await stream.close()
+
+
+async def until_disconnected(request: Request, work: Awaitable[T], poll_s: float = 0.25) -> T:
+    """Await ``work``; cancel it and raise ``ClientDisconnected`` if the client leaves."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientDisconnected()
+    finally:
+        if not task.done():
+            task.cancel()
+            with anyio.CancelScope(shield=True):
+                try:
+                    await task
+                except BaseException:  # noqa: S110 - the cancellation we asked for
+                    pass

