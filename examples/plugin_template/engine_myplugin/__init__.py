@@ -1,0 +1,1 @@
+"""engine-myplugin: an Engine plugin made from the plugin template."""

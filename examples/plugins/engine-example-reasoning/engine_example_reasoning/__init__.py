@@ -1,0 +1,1 @@
+"""engine-example-reasoning: an example third-party Engine plugin (a reasoning parser)."""
