@@ -136,8 +136,19 @@ def part_hf(out: Path, model: Path) -> dict[str, Any]:
 
 def start_server(out: Path, model: Path, port: int) -> subprocess.Popen[bytes]:
     log = (out / "server.log").open("w")
-    cmd = [sys.executable, "-m", "engine.cli.main", "serve", str(model), "--load-format",
-           "dummy", "--dtype", "bfloat16", "--port", str(port)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine.cli.main",
+        "serve",
+        str(model),
+        "--load-format",
+        "dummy",
+        "--dtype",
+        "bfloat16",
+        "--port",
+        str(port),
+    ]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     import urllib.request
 
@@ -177,36 +188,140 @@ def main() -> None:
     if "hf" in parts:
         results["hf"] = part_hf(out, qwen)
     if "w1" in parts:
-        results["w1"] = bench(out, "w1", ["throughput", "--model", str(qwen), *common,
-                              "--num-prompts", n, "--input-len", "512", "--output-len", "256"])  # fmt: skip
+        results["w1"] = bench(
+            out,
+            "w1",
+            [
+                "throughput",
+                "--model",
+                str(qwen),
+                *common,
+                "--num-prompts",
+                n,
+                "--input-len",
+                "512",
+                "--output-len",
+                "256",
+            ],
+        )
     if "w2" in parts:
-        results["w2"] = bench(out, "w2", ["latency", "--model", str(qwen), *common,
-                              "--batch-size", "1", "--input-len", "128", "--output-len", "256",
-                              "--num-iters", "3", "--num-iters-warmup", "1"])  # fmt: skip
+        results["w2"] = bench(
+            out,
+            "w2",
+            [
+                "latency",
+                "--model",
+                str(qwen),
+                *common,
+                "--batch-size",
+                "1",
+                "--input-len",
+                "128",
+                "--output-len",
+                "256",
+                "--num-iters",
+                "3",
+                "--num-iters-warmup",
+                "1",
+            ],
+        )
     if "w4" in parts:
-        results["w4"] = bench(out, "w4", ["throughput", "--model", str(qwen), *common,
-                              "--dataset-name", "nano-vllm", "--max-model-len", "4096",
-                              "--temperature", "0.6"])  # fmt: skip
+        results["w4"] = bench(
+            out,
+            "w4",
+            [
+                "throughput",
+                "--model",
+                str(qwen),
+                *common,
+                "--dataset-name",
+                "nano-vllm",
+                "--max-model-len",
+                "4096",
+                "--temperature",
+                "0.6",
+            ],
+        )
     if "prefix" in parts:
-        results["prefix"] = bench(out, "prefix", ["throughput", "--model", str(qwen), *common,
-                                  "--num-prompts", n, "--input-len", "112", "--output-len", "256",
-                                  "--random-prefix-len", "400"])  # fmt: skip
+        results["prefix"] = bench(
+            out,
+            "prefix",
+            [
+                "throughput",
+                "--model",
+                str(qwen),
+                *common,
+                "--num-prompts",
+                n,
+                "--input-len",
+                "112",
+                "--output-len",
+                "256",
+                "--random-prefix-len",
+                "400",
+            ],
+        )
     if "w3" in parts:
         server = start_server(out, qwen, 8011)
         try:
             for conc in (256, 16):
-                results[f"w3_c{conc}"] = bench(out, f"w3_c{conc}", ["serve", "--base-url",
-                    "http://127.0.0.1:8011/v1", "--num-prompts", n, "--input-len", "512",
-                    "--output-len", "256", "--max-concurrency", str(conc)])  # fmt: skip
+                results[f"w3_c{conc}"] = bench(
+                    out,
+                    f"w3_c{conc}",
+                    [
+                        "serve",
+                        "--base-url",
+                        "http://127.0.0.1:8011/v1",
+                        "--num-prompts",
+                        n,
+                        "--input-len",
+                        "512",
+                        "--output-len",
+                        "256",
+                        "--max-concurrency",
+                        str(conc),
+                    ],
+                )
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
     if "llama8b" in parts:
-        results["llama8b_w2"] = bench(out, "llama8b_w2", ["latency", "--model", str(llama),
-            *common, "--batch-size", "1", "--input-len", "128", "--output-len", "256",
-            "--num-iters", "2", "--num-iters-warmup", "1"])  # fmt: skip
-        results["llama8b_w1"] = bench(out, "llama8b_w1", ["throughput", "--model", str(llama),
-            *common, "--num-prompts", n, "--input-len", "512", "--output-len", "256"])  # fmt: skip
+        results["llama8b_w2"] = bench(
+            out,
+            "llama8b_w2",
+            [
+                "latency",
+                "--model",
+                str(llama),
+                *common,
+                "--batch-size",
+                "1",
+                "--input-len",
+                "128",
+                "--output-len",
+                "256",
+                "--num-iters",
+                "2",
+                "--num-iters-warmup",
+                "1",
+            ],
+        )
+        results["llama8b_w1"] = bench(
+            out,
+            "llama8b_w1",
+            [
+                "throughput",
+                "--model",
+                str(llama),
+                *common,
+                "--num-prompts",
+                n,
+                "--input-len",
+                "512",
+                "--output-len",
+                "256",
+            ],
+        )
 
     (out / "suite.json").write_text(json.dumps(results, indent=2, default=str))
     print_table(results)
@@ -225,24 +340,46 @@ def print_table(results: dict[str, Any]) -> None:
     rows: list[tuple[str, Any, str]] = []
     w1 = _get(results.get("w1"), "output_tokens_per_s")
     if w1:
-        rows.append(("W1 offline output tok/s", w1,
-                     f"{w1 / ROOFLINE['w1_tok_s']:.0%} of roofline, "
-                     f"{w1 / VLLM['w1_tok_s']:.2f}x vLLM, "
-                     f"{w1 / hf['hf_batch_tok_s']:.1f}x HF" if hf.get("hf_batch_tok_s") else ""))  # fmt: skip
+        rows.append(
+            (
+                "W1 offline output tok/s",
+                w1,
+                f"{w1 / ROOFLINE['w1_tok_s']:.0%} of roofline, "
+                f"{w1 / VLLM['w1_tok_s']:.2f}x vLLM, "
+                f"{w1 / hf['hf_batch_tok_s']:.1f}x HF"
+                if hf.get("hf_batch_tok_s")
+                else "",
+            )
+        )
     w2 = _get(results.get("w2"), "ms_per_output_token")
     if w2:
-        rows.append(("W2 batch-1 ms/output token", w2,
-                     f"roofline {ROOFLINE['w2_ms_per_tok']} ms, vLLM {VLLM['w2_ms_per_tok']} ms, "
-                     f"HF {hf.get('hf_step_ms', 0):.1f} ms"))  # fmt: skip
+        rows.append(
+            (
+                "W2 batch-1 ms/output token",
+                w2,
+                f"roofline {ROOFLINE['w2_ms_per_tok']} ms, vLLM {VLLM['w2_ms_per_tok']} ms, "
+                f"HF {hf.get('hf_step_ms', 0):.1f} ms",
+            )
+        )
     for conc in (256, 16):
         r = results.get(f"w3_c{conc}")
         if r:
             ratio = f"{r['output_tokens_per_s'] / w1:.0%} of W1" if w1 else ""
             rows.append((f"W3 c={conc} output tok/s", r["output_tokens_per_s"], ratio))
-            rows.append((f"W3 c={conc} TTFT p50/p99 ms",
-                         f"{r['ttft_ms']['p50']:.0f} / {r['ttft_ms']['p99']:.0f}", ""))  # fmt: skip
-            rows.append((f"W3 c={conc} TPOT p50/p99 ms",
-                         f"{r['tpot_ms']['p50']:.2f} / {r['tpot_ms']['p99']:.2f}", ""))  # fmt: skip
+            rows.append(
+                (
+                    f"W3 c={conc} TTFT p50/p99 ms",
+                    f"{r['ttft_ms']['p50']:.0f} / {r['ttft_ms']['p99']:.0f}",
+                    "",
+                )
+            )
+            rows.append(
+                (
+                    f"W3 c={conc} TPOT p50/p99 ms",
+                    f"{r['tpot_ms']['p50']:.2f} / {r['tpot_ms']['p99']:.2f}",
+                    "",
+                )
+            )
     w4 = _get(results.get("w4"), "output_tokens_per_s")
     if w4:
         rows.append(("W4 nano-vllm output tok/s", w4, f"vLLM-class ~{VLLM['w4_tok_s']:.0f}"))
@@ -256,9 +393,16 @@ def print_table(results: dict[str, Any]) -> None:
             rows.append((label, value, ""))
     corr = results.get("correctness")
     if corr:
-        rows.append(("Triton kernel tests", "pass" if corr.get("triton_tests_pass") else "FAIL", ""))
-        rows.append(("Greedy parity triton vs reference", corr.get("greedy_match", "?"),
-                     f"max logprob diff {corr.get('max_logprob_diff', '?')}"))  # fmt: skip
+        rows.append(
+            ("Triton kernel tests", "pass" if corr.get("triton_tests_pass") else "FAIL", "")
+        )
+        rows.append(
+            (
+                "Greedy parity triton vs reference",
+                corr.get("greedy_match", "?"),
+                f"max logprob diff {corr.get('max_logprob_diff', '?')}",
+            )
+        )
     width = max((len(r[0]) for r in rows), default=10)
     print("\n" + "=" * 80)
     for label, value, note in rows:

@@ -19,8 +19,9 @@ def _time_generate(model: torch.nn.Module, batch: int, in_len: int, out_len: int
     ids = torch.randint(0, 10000, (batch, in_len), device="cuda")
     mask = torch.ones_like(ids)
     kwargs = dict(max_new_tokens=out_len, min_new_tokens=out_len, do_sample=False, pad_token_id=0)
-    model.generate(ids[:, :16], attention_mask=mask[:, :16], max_new_tokens=4, do_sample=False,
-                   pad_token_id=0)  # fmt: skip
+    model.generate(
+        ids[:, :16], attention_mask=mask[:, :16], max_new_tokens=4, do_sample=False, pad_token_id=0
+    )
     torch.cuda.synchronize()
     start = time.perf_counter()
     model.generate(ids, attention_mask=mask, **kwargs)

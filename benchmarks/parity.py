@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from engine import LLM, SamplingParams
 
 
@@ -53,11 +52,13 @@ def main() -> None:
     for dtype in ("float32", "bfloat16"):
         ref = _run(args.model, "reference", dtype, prompts)
         tri = _run(args.model, "triton", dtype, prompts)
-        same = sum(r.outputs[0].token_ids == t.outputs[0].token_ids for r, t in zip(ref, tri))
+        same = sum(
+            r.outputs[0].token_ids == t.outputs[0].token_ids for r, t in zip(ref, tri, strict=False)
+        )
         diffs = [
             abs(a - b)
-            for r, t in zip(ref, tri)
-            for a, b in zip(_prompt_lps(r), _prompt_lps(t))
+            for r, t in zip(ref, tri, strict=False)
+            for a, b in zip(_prompt_lps(r), _prompt_lps(t), strict=False)
         ]
         result[dtype] = {
             "greedy_identical": f"{same}/{len(prompts)}",
