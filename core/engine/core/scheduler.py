@@ -177,16 +177,27 @@ class Scheduler:
             num_new_tokens = self._cap_new_tokens(request.num_tokens - request.num_computed_tokens)
             num_new_tokens = min(num_new_tokens, state.token_budget)
             assert num_new_tokens > 0, f"running request {request.req_id} has nothing to compute"
-            while self.kv.allocate_slots(request, num_new_tokens) is None:
-                victim_index = self._pick_victim_index()
-                victim = self.running.pop(victim_index)
-                self._preempt(victim, state)
-                if victim is request:
-                    return  # out of blocks even for itself; the rest waits a step
-                if victim_index < i:
-                    i -= 1  # an earlier, already scheduled request (priority policy)
-            self._add_scheduled(state, request, num_new_tokens)
-            i += 1
+            index = self._allocate_or_preempt(request, i, num_new_tokens, state)
+            if index is not None:
+                self._add_scheduled(state, request, num_new_tokens)
+                i = index + 1
+            # else: the request preempted itself and the next one slid into index i.
+
+    def _allocate_or_preempt(
+        self, request: Request, index: int, num_new_tokens: int, state: _StepState
+    ) -> int | None:
+        """Allocate for ``running[index]``, preempting victims until it fits. Returns the
+        request's index afterwards, or None if it was the victim itself. A victim already
+        scheduled this step (priority policy: an earlier index) is unscheduled."""
+        while self.kv.allocate_slots(request, num_new_tokens) is None:
+            victim_index = self._pick_victim_index()
+            victim = self.running.pop(victim_index)
+            self._preempt(victim, state)
+            if victim is request:
+                return None
+            if victim_index < index:
+                index -= 1
+        return index
 
     def _schedule_waiting(self, state: _StepState) -> None:
         while state.token_budget > 0 and len(self.running) < self.config.max_num_seqs:
