@@ -18,7 +18,7 @@ class GGUFFile:
         self.path = path
         try:
             self.reader = gguf.GGUFReader(str(path))
-        except (ValueError, OSError) as e:
+        except (ValueError, OSError, IndexError, KeyError) as e:  # truncated or not GGUF
             raise ValueError(f"cannot read {path} as a GGUF file: {e}") from e
         self.tensors: dict[str, gguf.ReaderTensor] = {t.name: t for t in self.reader.tensors}
         self.architecture: str = self.get_str("general.architecture")
