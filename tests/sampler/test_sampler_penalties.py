@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
-
 from engine.model_executor.penalties import apply_penalties, token_counts
 from engine.sampling_params import SamplingParams
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 VOCAB_SIZE = 40
 

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine.model_executor.sampler import Sampler, SamplingBatch
+from engine.sampling_params import SamplingParams
 from transformers.generation.logits_process import (
     MinPLogitsWarper,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
-
-from engine.model_executor.sampler import Sampler, SamplingBatch
-from engine.sampling_params import SamplingParams
 
 VOCAB_SIZE = 300
 

@@ -6,13 +6,12 @@ import math
 
 import pytest
 import torch
+from engine.model_executor.topk_topp import apply_min_p, apply_top_k_top_p
 from transformers.generation.logits_process import (
     MinPLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
-
-from engine.model_executor.topk_topp import apply_min_p, apply_top_k_top_p
 
 VOCAB_SIZE = 64
 NEG_INF = float("-inf")

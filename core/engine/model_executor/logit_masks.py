@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.model_executor.device_tensors import host_tensor, to_device
 from engine.sampling_params import SamplingParams
 
 
@@ -38,8 +39,8 @@ def apply_min_tokens(
         row_ids.extend([i] * len(banned))
         token_ids.extend(banned)
     if row_ids:
-        rows = torch.tensor(row_ids, dtype=torch.long).to(logits.device)
-        cols = torch.tensor(token_ids, dtype=torch.long).to(logits.device)
+        rows = host_tensor(row_ids, torch.long, logits.device)
+        cols = host_tensor(token_ids, torch.long, logits.device)
         logits[rows, cols] = float("-inf")
     return logits
 
@@ -54,13 +55,14 @@ def apply_allowed_token_masks(
             f"allowed_token_masks has {len(allowed_token_masks)} entries for {num_rows} "
             "rows of logits; pass one mask (or None) per row"
         )
-    rows = [i for i, m in enumerate(allowed_token_masks) if m is not None]
-    if not rows:
+    present = [(i, m) for i, m in enumerate(allowed_token_masks) if m is not None]
+    if not present:
         return logits
-    allowed = torch.zeros(len(rows), vocab_size, dtype=torch.bool, device=logits.device)
-    for j, i in enumerate(rows):
-        mask = allowed_token_masks[i]
-        assert mask is not None
+    # Built where the masks live (host masks: one copy for the batch), then moved.
+    masks_on_host = all(m.device.type == "cpu" for _, m in present)
+    build_device = torch.device("cpu") if masks_on_host else logits.device
+    allowed = torch.zeros(len(present), vocab_size, dtype=torch.bool, device=build_device)
+    for j, (i, mask) in enumerate(present):
         if mask.dim() != 1 or mask.dtype != torch.bool:
             raise ValueError(
                 f"allowed_token_masks[{i}] must be a 1-D bool tensor, got "
@@ -71,7 +73,8 @@ def apply_allowed_token_masks(
                 f"allowed_token_masks[{i}] covers {mask.shape[0]} tokens but the logits "
                 f"have {vocab_size}; build the mask for the model's vocabulary size"
             )
-        allowed[j, : mask.shape[0]] = mask.to(logits.device, non_blocking=True)
-    row_index = torch.tensor(rows, dtype=torch.long).to(logits.device)
+        allowed[j, : mask.shape[0]] = mask.to(build_device)
+    allowed = to_device(allowed, logits.device)
+    row_index = host_tensor([i for i, _ in present], torch.long, logits.device)
     logits[row_index] = logits[row_index].masked_fill(~allowed, float("-inf"))
     return logits

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.core.scheduler_output import Logprobs
+from engine.model_executor.device_tensors import host_tensor
 
 _NUM_FIXED_COLUMNS = 3
 
@@ -76,6 +77,6 @@ def compute_prompt_logprobs(
         )
     num_top = min(num_logprobs, vocab_size)
     logprobs = logits.float().log_softmax(dim=-1)
-    targets = torch.tensor(target_token_ids, dtype=torch.long).to(logits.device)
+    targets = host_tensor(target_token_ids, torch.long, logits.device)
     packed = gather_logprobs(logprobs, targets, num_top).cpu().tolist()
     return [unpack_logprobs(row, num_top) for row in packed]

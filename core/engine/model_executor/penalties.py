@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.model_executor.device_tensors import host_tensor, to_device
 from engine.sampling_params import SamplingParams
 
 
@@ -57,7 +58,7 @@ def token_counts(
     if flat.numel() == 0:
         return counts
     ones = torch.ones(flat.numel(), dtype=torch.float32, device=device)
-    counts.index_put_((row_ids.to(device), flat.to(device)), ones, accumulate=True)
+    counts.index_put_((to_device(row_ids, device), to_device(flat, device)), ones, accumulate=True)
     return counts
 
 
@@ -80,23 +81,23 @@ def apply_penalties(
         # Prompt and output ids both count as "seen"; one scatter over their concatenation.
         seen_lists = [list(prompt_token_ids[i]) + list(output_token_ids[i]) for i in rep_rows]
         seen = token_counts(seen_lists, vocab_size, device) > 0
-        rows = torch.tensor(rep_rows, dtype=torch.long, device=device)
-        penalty = torch.tensor(
-            [params[i].repetition_penalty for i in rep_rows], dtype=torch.float32
-        ).to(device)[:, None]
+        rows = host_tensor(rep_rows, torch.long, device)
+        penalty = host_tensor(
+            [params[i].repetition_penalty for i in rep_rows], torch.float32, device
+        )[:, None]
         sub = logits[rows]
         penalised = torch.where(sub > 0, sub / penalty, sub * penalty)
         logits[rows] = torch.where(seen, penalised, sub)
 
     if freq_rows:
         counts = token_counts([output_token_ids[i] for i in freq_rows], vocab_size, device)
-        rows = torch.tensor(freq_rows, dtype=torch.long, device=device)
-        presence = torch.tensor(
-            [params[i].presence_penalty for i in freq_rows], dtype=torch.float32
-        ).to(device)[:, None]
-        frequency = torch.tensor(
-            [params[i].frequency_penalty for i in freq_rows], dtype=torch.float32
-        ).to(device)[:, None]
+        rows = host_tensor(freq_rows, torch.long, device)
+        presence = host_tensor(
+            [params[i].presence_penalty for i in freq_rows], torch.float32, device
+        )[:, None]
+        frequency = host_tensor(
+            [params[i].frequency_penalty for i in freq_rows], torch.float32, device
+        )[:, None]
         sub = logits[rows]
         sub -= presence * (counts > 0).to(torch.float32) + frequency * counts
         logits[rows] = sub

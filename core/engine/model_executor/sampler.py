@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.core.scheduler_output import Logprobs
+from engine.model_executor.device_tensors import host_tensor, to_device
 from engine.model_executor.logit_masks import apply_allowed_token_masks, apply_min_tokens
 from engine.model_executor.logprobs import (
     compute_prompt_logprobs,
@@ -188,15 +189,15 @@ def _exponential_race(
             q[row].exponential_(generator=generator)
         else:
             draws = torch.empty(probs.shape[1], device=generator.device)
-            q[row] = draws.exponential_(generator=generator).to(probs.device)
+            q[row] = to_device(draws.exponential_(generator=generator), probs.device)
     # q == 0 would turn a zero probability into 0/0 = NaN, which argmax would pick.
     q.clamp_(min=torch.finfo(q.dtype).tiny)
     return (probs / q).argmax(dim=-1)
 
 
 def _index_tensor(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+    return host_tensor(values, torch.long, device)
 
 
 def _float_tensor(values: list[float], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32).to(device, non_blocking=True)
+    return host_tensor(values, torch.float32, device)
