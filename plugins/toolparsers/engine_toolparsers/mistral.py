@@ -85,7 +85,9 @@ class MistralToolParser(PieceToolParser):
             return [text_piece(text[start:end])], end
         # The first piece carries the block's raw text; the rest are zero-width.
         raws = [text[start:end]] + [""] * (len(calls) - 1)
-        return [call_piece(raw, call) for raw, call in zip(raws, calls) if call is not None], end
+        return [
+            call_piece(raw, call) for raw, call in zip(raws, calls, strict=True) if call is not None
+        ], end
 
     def _named_block(
         self, text: str, start: int, body: int, final: bool

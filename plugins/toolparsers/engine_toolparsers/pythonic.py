@@ -51,7 +51,7 @@ class PythonicToolParser(PieceToolParser):
         elif not final and rest and END.startswith(rest):
             waiting_for_end_tag = True
         raws = [text[:end]] + [""] * (len(calls) - 1)
-        pieces = [call_piece(raw, call) for raw, call in zip(raws, calls)]
+        pieces = [call_piece(raw, call) for raw, call in zip(raws, calls, strict=True)]
         tail = pending_piece(text[end:]) if waiting_for_end_tag else text_piece(text[end:])
         return pieces + [tail]
 

@@ -40,9 +40,7 @@ TOOL_CALL_END = "</tool_call>"
 FUNCTION_START = "<function="
 FUNCTION_END = "</function>"
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
-_PARAMETER = re.compile(
-    r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL
-)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
 
 
 class Qwen3XmlToolParser(PieceToolParser):
@@ -97,12 +95,10 @@ def _block(raw: str, block: str, marker: str, schemas: dict[str, dict[str, Any]]
     if not calls or inner[pos:].strip():
         return [text_piece(raw)]
     raws = [raw] + [""] * (len(calls) - 1)
-    return [call_piece(piece_raw, call) for piece_raw, call in zip(raws, calls)]
+    return [call_piece(piece_raw, call) for piece_raw, call in zip(raws, calls, strict=True)]
 
 
-def _parse_function(
-    name: str, body: str, schemas: dict[str, dict[str, Any]]
-) -> ParsedCall | None:
+def _parse_function(name: str, body: str, schemas: dict[str, dict[str, Any]]) -> ParsedCall | None:
     if not name:
         return None
     properties = schemas.get(name, {})
