@@ -72,3 +72,45 @@ def test_many_requests_sharing_prefixes_match_the_reference() -> None:
     for req_id, prompt in prompts.items():
         assert result.tokens[req_id] == reference_tokens(prompt, 6)
     assert core.stats().prefix_cache_hits > 0
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_siblings_added_together_wait_for_the_shared_prefix(policy: str) -> None:
+    """n > 1 fan-out / a burst sharing a system prompt: the prefix is computed once; the
+    others wait a step for it instead of recomputing it in the same step."""
+    core, runner = make_core(block_size=4, max_num_batched_tokens=64, policy=policy)
+    prompts = {f"s{i}": [*SYSTEM, 50 + i] for i in range(4)}
+    requests = [make_request(k, p, max_tokens=2) for k, p in prompts.items()]
+    for request in requests:
+        core.add_request(request)
+    core.add_request(make_request("other", [1, 2, 3], max_tokens=2))
+    result = run_to_completion(core)
+    assert runner.steps[0].scheduled == [("s0", 0, 14, True), ("other", 0, 3, True)]
+    assert runner.steps[1].scheduled == [
+        ("s0", 14, 1, True),
+        ("other", 3, 1, True),
+        ("s1", 12, 2, True),
+        ("s2", 12, 2, True),
+        ("s3", 12, 2, True),
+    ]
+    assert [r.num_cached_tokens for r in requests] == [0, 12, 12, 12]
+    for req_id, prompt in prompts.items():
+        assert result.tokens[req_id] == reference_tokens(prompt, 2)
+
+
+def test_chunked_shared_prefix_is_followed_block_by_block() -> None:
+    core, runner = make_core(block_size=4, max_num_batched_tokens=6)
+    a_prompt, b_prompt = [*SYSTEM, 1], [*SYSTEM, 2]
+    core.add_request(make_request("a", a_prompt, max_tokens=1))
+    core.add_request(make_request("b", b_prompt, max_tokens=1))
+    result = run_to_completion(core)
+    # b waits while a computes the blocks b needs, then hits all 3 shared blocks.
+    assert [s.scheduled for s in runner.steps] == [
+        [("a", 0, 6, False)],
+        [("a", 6, 6, False)],
+        [("a", 12, 2, True), ("b", 12, 2, True)],
+    ]
+    assert result.tokens == {
+        "a": reference_tokens(a_prompt, 1),
+        "b": reference_tokens(b_prompt, 1),
+    }

@@ -155,6 +155,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         state = _StepState(token_budget=self.config.max_num_batched_tokens)
+        self.kv.begin_step()
         self._schedule_running(state)
         if state.num_preempted == 0:
             # A step that preempted is short of blocks: admitting more would thrash.
@@ -200,21 +201,29 @@ class Scheduler:
         return index
 
     def _schedule_waiting(self, state: _StepState) -> None:
+        deferred: list[Request] = []
         while state.token_budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.peek()
             if request is None:
-                return
+                break
             computed_blocks, num_cached_tokens = self.kv.get_computed_blocks(request)
+            if self.kv.is_next_block_pending(request, len(computed_blocks)):
+                # Another request computes this request's next prefix block in this very
+                # step: wait one step and hit it in the cache instead of recomputing it.
+                deferred.append(self.waiting.pop())
+                continue
             num_new_tokens = self._cap_new_tokens(request.num_tokens - num_cached_tokens)
             if num_new_tokens > state.token_budget:
                 if not self.config.enable_chunked_prefill:
-                    return  # the whole prompt must fit one step; it waits (FCFS order kept)
+                    break  # the whole prompt must fit one step; it waits (FCFS order kept)
                 num_new_tokens = state.token_budget
             if self.kv.allocate_slots(request, num_new_tokens, computed_blocks) is None:
-                return
+                break
             self._dequeue(request, remove=False)
             self._admit(request, num_cached_tokens)
             self._add_scheduled(state, request, num_new_tokens)
+        for request in reversed(deferred):
+            self.waiting.prepend(request)  # back at the front, in their order
 
     def _cap_new_tokens(self, num_new_tokens: int) -> int:
         threshold = self.config.long_prefill_token_threshold
@@ -230,6 +239,7 @@ class Scheduler:
         self.running.append(request)
 
     def _add_scheduled(self, state: _StepState, request: Request, num_new_tokens: int) -> None:
+        self.kv.mark_pending(request, num_new_tokens)
         start = request.num_computed_tokens
         end = start + num_new_tokens
         state.scheduled[request.req_id] = ScheduledRequest(

@@ -45,6 +45,8 @@ class KVCacheManager:
         self._req_extra_keys: dict[ReqId, bytes] = {}
         # How many leading blocks of each request were already offered to the prefix cache.
         self._num_cached_blocks: dict[ReqId, int] = {}
+        # Hashes of full blocks that requests scheduled in the current step are computing.
+        self._pending_block_hashes: set[BlockHash] = set()
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
 
@@ -95,6 +97,38 @@ class KVCacheManager:
         if self.uses_prefix_cache(request):
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += num_hit_tokens
+
+    def begin_step(self) -> None:
+        self._pending_block_hashes.clear()
+
+    def mark_pending(self, request: Request, num_new_tokens: int) -> None:
+        """Note the full blocks this step's chunk of ``request`` will compute.
+
+        Blocks enter the prefix cache only once computed (``cache_blocks`` after the step),
+        never on allocation, so a block can never be found before its KV exists. A request
+        that needs a block still being computed waits a step instead of recomputing it
+        (``is_next_block_pending``): n > 1 siblings and bursts sharing a system prompt
+        compute the shared prefix once.
+        """
+        if not self.enable_prefix_caching:
+            return
+        start_block = request.num_computed_tokens // self.block_size
+        end_block = (request.num_computed_tokens + num_new_tokens) // self.block_size
+        if end_block <= start_block:
+            return
+        hashes = self._block_hashes(request, end_block)
+        for block_hash in hashes[start_block:end_block]:
+            if self.pool.get_cached_block(block_hash) is None:
+                self._pending_block_hashes.add(block_hash)
+
+    def is_next_block_pending(self, request: Request, num_hit_blocks: int) -> bool:
+        """Whether the first block after the request's cache hit is being computed now."""
+        if not self._pending_block_hashes or not self.uses_prefix_cache(request):
+            return False
+        if num_hit_blocks >= (request.num_tokens - 1) // self.block_size:
+            return False
+        hashes = self._block_hashes(request, num_hit_blocks + 1)
+        return hashes[num_hit_blocks] in self._pending_block_hashes
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register the request's blocks that are full and computed (prompt or decode)."""
