@@ -67,11 +67,12 @@ class IncrementalDetokenizer:
         return first
 
     def _decode(self, start: int, end: int | None = None) -> str:
-        return self._tokenizer.decode(
+        text: str = self._tokenizer.decode(
             self._token_ids[start:end],
             skip_special_tokens=self._skip_special_tokens,
             clean_up_tokenization_spaces=False,
         )
+        return text
 
     def update(self, new_token_ids: list[int]) -> str:
         """Append ``new_token_ids``; return the text they complete (possibly "")."""

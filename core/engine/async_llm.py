@@ -1,0 +1,304 @@
+"""The asynchronous engine client: one background thread steps the engine; asyncio callers
+stream ``RequestOutput`` records per request.
+
+    caller (event loop)                      engine thread
+    generate() ── prepare (tokenize, validate)
+               ── inbox.put(add) ─────────▶  apply commands between steps
+                                              step() ─▶ outputs
+    async for out in queue  ◀─ call_soon_threadsafe(queue.put_nowait, out)
+    generator closed early  ── inbox.put(abort) ─▶ abort: blocks freed at once
+
+Only the engine thread touches the ``LLMEngine``; callers reach it through the thread-safe
+inbox. A step that raises fails the requests in flight (their generators raise
+``EngineRequestError``) and the loop goes on; if the loop itself dies, ``dead_error`` is
+set and every pending and future call raises ``EngineDeadError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.config import EngineArgs
+from engine.core.outputs import SchedulerStats
+from engine.errors import EngineError
+from engine.llm_engine import LLMEngine, StatsListener
+from engine.outputs import RequestOutput
+from engine.outputs_processing import EngineCounters
+from engine.sampling_params import SamplingParams
+from engine.tokenization.input_processor import PreparedRequest, PromptType
+
+logger = logging.getLogger(__name__)
+
+
+class EngineRequestError(EngineError):
+    """The engine failed while running this request (HTTP 500); others may go on."""
+
+
+class EngineDeadError(EngineError):
+    """The engine loop stopped; restart the server."""
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | BaseException]
+
+
+@dataclass
+class _Add:
+    prepared: PreparedRequest
+    stream: _Stream
+    done: concurrent.futures.Future[None]
+
+
+@dataclass
+class _Abort:
+    request_ids: list[str]
+
+
+_STOP = object()
+
+
+class AsyncLLM:
+    """Engine client for asyncio code (the API server)."""
+
+    def __init__(self, engine: LLMEngine, start: bool = True) -> None:
+        self.engine = engine
+        self._inbox: queue.Queue[Any] = queue.Queue()
+        self._streams: dict[str, _Stream] = {}  # engine thread only
+        self._stats_lock = threading.Lock()
+        self._last_stats = engine.stats()
+        self._counters = engine.counters()
+        self.dead_error: EngineDeadError | None = None
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        if start:
+            self._thread.start()
+
+    @classmethod
+    def from_args(cls, args: EngineArgs) -> AsyncLLM:
+        return cls(LLMEngine.from_args(args))
+
+    # -- what the API layer reads -------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def is_ready(self) -> bool:
+        return self._thread.is_alive() and self.dead_error is None
+
+    def default_sampling_params(self) -> SamplingParams:
+        return self.engine.default_sampling_params()
+
+    def sampling_params_from_request(self, request_fields: Mapping[str, Any]) -> SamplingParams:
+        return self.engine.sampling_params_from_request(request_fields)
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        return self.engine.apply_chat_template(
+            messages, tools, add_generation_prompt, chat_template, chat_template_kwargs
+        )
+
+    def stats(self) -> SchedulerStats:
+        """Scheduler counters as of the last step (a snapshot; safe from any thread)."""
+        with self._stats_lock:
+            return self._last_stats
+
+    def counters(self) -> EngineCounters:
+        """Running totals as of the last step (a snapshot; safe from any thread)."""
+        with self._stats_lock:
+            return self._counters
+
+    def add_stats_listener(self, listener: StatsListener) -> None:
+        """``listener(IterationStats)`` after each step, called from the engine thread.
+
+        Register before serving: the list is read by the engine thread without a lock.
+        """
+        self.engine.add_stats_listener(listener)
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs until it finishes; closing the iterator aborts it.
+
+        Bad input raises ``ValueError`` (``RequestValidationError``) on the first
+        ``__anext__``; a full queue raises ``QueueFullError``.
+        """
+        self._check_alive()
+        if request_id is None:
+            request_id = f"req-{next(self._ids)}"
+        prepared = self.engine.prepare_request(request_id, prompt, params, priority, cache_salt)
+        loop = asyncio.get_running_loop()
+        stream = _Stream(loop, asyncio.Queue())
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._inbox.put(_Add(prepared, stream, done))
+        if not self._thread.is_alive() and not done.done():
+            self._fail_add(done, EngineDeadError("the engine stopped before the request began"))
+        finished = False
+        try:
+            await asyncio.wrap_future(done)
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            add_failed = done.done() and done.exception() is not None
+            if not finished and not add_failed:
+                # Client went away (GeneratorExit / CancelledError): free the request.
+                self._inbox.put(_Abort([request_id]))
+
+    async def abort(self, request_id: str | Sequence[str]) -> None:
+        """Abort requests; their generators yield a final output with finish_reason abort."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        self._inbox.put(_Abort(ids))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread (pending requests fail with ``EngineDeadError``)."""
+        if self._thread.is_alive():
+            self._inbox.put(_STOP)
+            self._thread.join(timeout)
+
+    def _check_alive(self) -> None:
+        if self.dead_error is not None:
+            raise self.dead_error
+        if not self._thread.is_alive():
+            raise EngineDeadError("the engine is not running (shut down or never started)")
+
+    # -- engine thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+            error = EngineDeadError("the engine was shut down")
+        except BaseException as exc:  # noqa: BLE001 - the loop must report every death
+            logger.exception("the engine loop died")
+            error = EngineDeadError(f"the engine loop died: {exc!r}")
+            self.dead_error = error
+        for stream in list(self._streams.values()):
+            self._send(stream, error)
+        self._streams.clear()
+        self._drain_inbox_after_death(error)
+
+    def _loop(self) -> None:
+        while True:
+            idle = not self.engine.has_unfinished_requests()
+            if not self._apply_commands(block=idle):
+                return
+            if not self.engine.has_unfinished_requests():
+                self._snapshot_stats()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:
+                logger.exception("engine step failed; failing the requests in flight")
+                outputs = self.engine.fail_all_requests(f"engine step failed: {exc!r}")
+            self._deliver(outputs)
+            self._snapshot_stats()
+
+    def _apply_commands(self, block: bool) -> bool:
+        """Apply queued adds and aborts; False once shutdown was asked for."""
+        while True:
+            try:
+                cmd = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if cmd is _STOP:
+                return False
+            if isinstance(cmd, _Add):
+                self._apply_add(cmd)
+            elif isinstance(cmd, _Abort):
+                self._deliver(self.engine.abort_request(cmd.request_ids))
+                for request_id in cmd.request_ids:
+                    self._streams.pop(request_id, None)
+
+    def _apply_add(self, cmd: _Add) -> None:
+        request_id = cmd.prepared.request_id
+        if request_id in self._streams:
+            cmd.done.set_exception(
+                ValueError(f"request id {request_id!r} is already running; use a unique id")
+            )
+            return
+        try:
+            self.engine.add_prepared_request(cmd.prepared)
+        except Exception as exc:
+            cmd.done.set_exception(exc)
+            return
+        self._streams[request_id] = cmd.stream
+        cmd.done.set_result(None)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue  # the caller stopped listening
+            if out.error is not None and out.finished:
+                self._send(stream, EngineRequestError(out.error))
+            else:
+                self._send(stream, out)
+            if out.finished:
+                del self._streams[out.request_id]
+
+    def _send(self, stream: _Stream, item: RequestOutput | BaseException) -> None:
+        put: Callable[[Any], None] = stream.queue.put_nowait
+        try:
+            stream.loop.call_soon_threadsafe(put, item)
+        except RuntimeError:
+            pass  # the caller's event loop is closed
+
+    def _snapshot_stats(self) -> None:
+        stats, counters = self.engine.stats(), self.engine.counters()
+        with self._stats_lock:
+            self._last_stats, self._counters = stats, counters
+
+    def _drain_inbox_after_death(self, error: EngineDeadError) -> None:
+        while True:
+            try:
+                cmd = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(cmd, _Add):
+                self._fail_add(cmd.done, error)
+
+    @staticmethod
+    def _fail_add(done: concurrent.futures.Future[None], error: BaseException) -> None:
+        try:
+            done.set_exception(error)
+        except concurrent.futures.InvalidStateError:
+            pass  # the engine thread answered first

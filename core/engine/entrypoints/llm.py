@@ -1,0 +1,151 @@
+"""The offline API: ``LLM(model=...).generate(prompts, params)`` and ``.chat(messages)``.
+
+Runs the engine in this process: requests are added up front and the engine is stepped
+until all finish, so the whole batch is scheduled together. Results come back in input
+order. Keywords of ``LLM(...)`` are ``EngineArgs`` fields (an unknown one raises
+``TypeError`` naming the closest fields).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from engine.config import EngineArgs
+from engine.core.outputs import SchedulerStats
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.outputs_processing import EngineCounters
+from engine.sampling_params import SamplingParams
+from engine.tokenization.input_processor import PromptType
+
+Conversation = Sequence[Mapping[str, Any]]
+
+
+class LLM:
+    """An engine for batch generation in the current process."""
+
+    def __init__(self, model: str, **engine_args: Any) -> None:
+        args = EngineArgs.from_kwargs(model=model, **engine_args)
+        self.engine = LLMEngine.from_args(args)
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        """Wrap an already built engine (tests, custom assembly)."""
+        self = cls.__new__(cls)
+        self.engine = engine
+        self._ids = itertools.count()
+        return self
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def default_sampling_params(self) -> SamplingParams:
+        return self.engine.default_sampling_params()
+
+    def stats(self) -> SchedulerStats:
+        return self.engine.stats()
+
+    def counters(self) -> EngineCounters:
+        return self.engine.counters()
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Complete each prompt (a string, token ids, or {"prompt_token_ids": [...]})."""
+        prompt_list = _as_prompt_list(prompts)
+        return self._run(prompt_list, _params_list(params, len(prompt_list)), use_tqdm)
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Answer one conversation (a list of messages) or a list of conversations."""
+        if messages and isinstance(messages[0], Mapping):
+            conversations: list[Conversation] = [messages]  # type: ignore[list-item]
+        else:
+            conversations = list(messages)  # type: ignore[arg-type]
+        prompts: list[PromptType] = []
+        for conv in conversations:
+            text = self.engine.apply_chat_template(
+                conv,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                chat_template=chat_template,
+                chat_template_kwargs=chat_template_kwargs,
+            )
+            # The template already wrote the special tokens (BOS and role markers).
+            prompts.append({"prompt": text, "add_special_tokens": False})
+        return self._run(prompts, _params_list(params, len(prompts)), use_tqdm)
+
+    def _run(
+        self, prompts: list[PromptType], params: list[SamplingParams | None], use_tqdm: bool
+    ) -> list[RequestOutput]:
+        engine = self.engine
+        order: dict[str, int] = {}
+        try:
+            for prompt, p in zip(prompts, params, strict=True):
+                request_id = f"offline-{next(self._ids)}"
+                engine.add_request(request_id, prompt, p)
+                order[request_id] = len(order)
+        except BaseException:
+            engine.abort_request(list(order))
+            raise
+        results: list[RequestOutput | None] = [None] * len(order)
+        bar = _progress_bar(len(order)) if use_tqdm and len(order) > 1 else None
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished and out.request_id in order:
+                        results[order[out.request_id]] = out
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:
+            engine.abort_request(list(order))
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        missing = [i for i, r in enumerate(results) if r is None]
+        assert not missing, f"requests {missing} never finished"
+        return [r for r in results if r is not None]
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, (str, Mapping)):
+        return [prompts]
+    items: list[Any] = list(prompts)
+    if items and all(isinstance(p, int) and not isinstance(p, bool) for p in items):
+        return [items]  # one prompt given as token ids
+    return items
+
+
+def _params_list(
+    params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
+) -> list[SamplingParams | None]:
+    if params is None or isinstance(params, SamplingParams):
+        return [params] * num_prompts
+    out: list[SamplingParams | None] = list(params)
+    if len(out) != num_prompts:
+        raise ValueError(
+            f"got {len(out)} SamplingParams for {num_prompts} prompts; pass one "
+            "SamplingParams for all prompts or exactly one per prompt"
+        )
+    return out
+
+
+def _progress_bar(total: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", unit="req", dynamic_ncols=True)

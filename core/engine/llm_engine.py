@@ -1,0 +1,271 @@
+"""The synchronous engine: prompts in, ``RequestOutput`` records out, one step at a time.
+
+``LLMEngine.from_args`` assembles the parts: plugins, model source, model runner (which
+plans memory and so knows the number of KV blocks), scheduler + engine core, tokenizer and
+the output processor. ``step()`` runs one core step and turns its results into outputs;
+the offline ``LLM`` drives it in a loop, ``AsyncLLM`` from a background thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from engine.config import EngineArgs
+from engine.core.engine_core import EngineCore
+from engine.core.outputs import SchedulerStats
+from engine.core.request import ReqId, RequestStatus
+from engine.generation_config import merge_sampling_params, resolve_sampling_defaults
+from engine.outputs import RequestOutput
+from engine.outputs_processing import EngineCounters, IterationStats, OutputProcessor
+from engine.sampling_params import SamplingParams
+from engine.tokenization import apply_chat_template, collect_eos_token_ids
+from engine.tokenization.input_processor import InputProcessor, PreparedRequest, PromptType
+
+logger = logging.getLogger(__name__)
+
+StatsListener = Callable[[IterationStats], None]
+
+
+class LLMEngine:
+    """Owns the engine core and the front-end state of every live request."""
+
+    def __init__(
+        self,
+        engine_core: EngineCore,
+        tokenizer: Any,
+        *,
+        max_model_len: int,
+        vocab_size: int,
+        model_name: str = "model",
+        sampling_defaults: Mapping[str, Any] | None = None,
+        eos_token_ids: Sequence[int] = (),
+        max_logprobs: int = 20,
+    ) -> None:
+        self.engine_core = engine_core
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.model_name = model_name
+        self.sampling_defaults = dict(sampling_defaults or {})
+        self.input_processor = InputProcessor(
+            tokenizer, max_model_len, vocab_size, list(eos_token_ids), max_logprobs
+        )
+        self.output_processor = OutputProcessor(tokenizer)
+        self._counters = EngineCounters()
+        self._stats_listeners: list[StatsListener] = []
+        self._last_num_preemptions = 0
+        self.runner: Any = getattr(engine_core, "runner", None)
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_args(cls, args: EngineArgs) -> LLMEngine:
+        from engine.core.kv_cache import KVCacheConfig
+        from engine.core.scheduler import Scheduler
+        from engine.core.scheduler_config import SchedulerConfig
+        from engine.model_executor.source import open_model_source
+        from engine.plugins import PluginManager
+
+        if not args.model:
+            raise ValueError("no model given: pass --model PATH (LLM(model=PATH))")
+        pm = PluginManager.load(requested=args.plugins)
+        source = open_model_source(args, pm)
+        runner = _make_runner(args, pm, source)
+        tokenizer = source.load_tokenizer()
+        model_gen_config = source.generation_config()
+        defaults = resolve_sampling_defaults(
+            args.generation_config, model_gen_config, args.override_generation_config
+        )
+        scheduler_config = SchedulerConfig.from_engine_args(args, runner.max_model_len)
+        kv_cache_config = KVCacheConfig(
+            num_blocks=runner.num_blocks,
+            block_size=runner.block_size,
+            enable_prefix_caching=args.enable_prefix_caching,
+            hash_algo=args.prefix_caching_hash_algo,
+        )
+        core = EngineCore(Scheduler(scheduler_config, kv_cache_config), runner)
+        engine = cls(
+            core,
+            tokenizer,
+            max_model_len=runner.max_model_len,
+            vocab_size=runner.vocab_size,
+            model_name=args.model,
+            sampling_defaults=defaults,
+            eos_token_ids=collect_eos_token_ids(tokenizer, model_gen_config),
+            max_logprobs=args.max_logprobs,
+        )
+        engine._log_config(args, scheduler_config, kv_cache_config)
+        return engine
+
+    def _log_config(self, args: EngineArgs, scheduler_config: Any, kv_cache_config: Any) -> None:
+        set_args = {
+            k: v for k, v in asdict(args).items() if v != EngineArgs.__dataclass_fields__[k].default
+        }
+        logger.info("engine arguments (non-default): %s", set_args)
+        logger.info("scheduler: %s", scheduler_config)
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%d tokens), prefix caching %s",
+            kv_cache_config.num_blocks,
+            kv_cache_config.block_size,
+            kv_cache_config.num_blocks * kv_cache_config.block_size,
+            "on" if kv_cache_config.enable_prefix_caching else "off",
+        )
+        logger.info(
+            "max_model_len %d, vocab %d, EOS ids %s, sampling defaults %s",
+            self.max_model_len,
+            self.vocab_size,
+            self.input_processor.eos_token_ids,
+            self.sampling_defaults or "(neutral)",
+        )
+
+    # -- sampling defaults --------------------------------------------------------------------
+
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's defaults (``--generation-config``) applied."""
+        return SamplingParams(**self.sampling_defaults)
+
+    def sampling_params_from_request(self, request_fields: Mapping[str, Any]) -> SamplingParams:
+        """Merge a request's set fields (None = unset) over the defaults (for the server)."""
+        return merge_sampling_params(self.sampling_defaults, request_fields)
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        return apply_chat_template(
+            self.tokenizer,
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+
+    def prepare_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> PreparedRequest:
+        """Tokenize and validate without touching engine state (safe from any thread)."""
+        if params is None:
+            params = self.default_sampling_params()
+        return self.input_processor.prepare(request_id, prompt, params, priority, cache_salt)
+
+    def add_prepared_request(self, prepared: PreparedRequest) -> None:
+        """Queue a prepared request (engine thread only)."""
+        self.output_processor.add_request(
+            prepared.request_id,
+            prepared.prompt,
+            prepared.prompt_token_ids,
+            [(r.req_id, r.sampling_params, r) for r in prepared.core_requests],
+            prepared.arrival_time,
+        )
+        added: list[ReqId] = []
+        try:
+            for request in prepared.core_requests:
+                self.engine_core.add_request(request)
+                added.append(request.req_id)
+        except BaseException:
+            self.engine_core.abort_requests(added)
+            self.output_processor.abort_requests([prepared.request_id])
+            raise
+        self._counters.num_requests_added += 1
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> None:
+        """Tokenize, validate and queue a request. ``ValueError`` on bad input."""
+        self.add_prepared_request(
+            self.prepare_request(request_id, prompt, params, priority, cache_salt)
+        )
+
+    def abort_request(self, request_id: str | Sequence[str]) -> list[RequestOutput]:
+        """Abort user requests (unknown ids are ignored); frees their blocks at once."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        it = IterationStats(scheduler=None)
+        outputs, core_ids = self.output_processor.abort_requests(ids, it)
+        if core_ids:
+            self.engine_core.abort_requests([ReqId(i) for i in core_ids])
+        self._publish(it)
+        return outputs
+
+    def fail_all_requests(self, error: str) -> list[RequestOutput]:
+        """Finish every live request with an error (after a failed step)."""
+        it = IterationStats(scheduler=None)
+        outputs, core_ids = self.output_processor.abort_requests(
+            self.output_processor.all_request_ids(), it, reason="error", error=error
+        )
+        if core_ids:
+            self.engine_core.finish_requests(
+                [ReqId(i) for i in core_ids], RequestStatus.FINISHED_ERROR
+            )
+        self._publish(it)
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.engine_core.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.output_processor.get_num_unfinished_requests()
+
+    # -- stepping -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; the outputs of every request that changed."""
+        core_outputs = self.engine_core.step()
+        it = IterationStats(scheduler=None)
+        processed = self.output_processor.process_outputs(core_outputs, it)
+        if processed.req_ids_to_finish:
+            self.engine_core.finish_requests(
+                [ReqId(i) for i in processed.req_ids_to_finish], RequestStatus.FINISHED_STOPPED
+            )
+        self._publish(it)
+        return processed.request_outputs
+
+    # -- stats --------------------------------------------------------------------------------
+
+    def stats(self) -> SchedulerStats:
+        return self.engine_core.stats()
+
+    def counters(self) -> EngineCounters:
+        """Running totals (prompt/generation tokens, preemptions, finished by reason)."""
+        return self._counters.snapshot()
+
+    def add_stats_listener(self, listener: StatsListener) -> None:
+        """Call ``listener(IterationStats)`` after every step (from the engine's thread)."""
+        self._stats_listeners.append(listener)
+
+    def _publish(self, it: IterationStats) -> None:
+        it.scheduler = self.engine_core.stats()
+        num_preemptions = it.scheduler.num_preemptions
+        it.num_preemptions = num_preemptions - self._last_num_preemptions
+        self._last_num_preemptions = num_preemptions
+        self._counters.add(it)
+        for listener in self._stats_listeners:
+            try:
+                listener(it)
+            except Exception:
+                logger.exception("stats listener %r failed; continuing", listener)
+
+
+def _make_runner(args: EngineArgs, pm: Any, source: Any) -> Any:
+    from engine.model_executor import model_runner
+
+    return model_runner.ModelRunner(args, pm, source)
