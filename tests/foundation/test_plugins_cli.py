@@ -1,0 +1,152 @@
+"""The ``engine`` CLI root: --version, plugins list (never imports torch), collect-env."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import engine
+import engine_sdk
+import tomllib
+
+if TYPE_CHECKING:
+    from conftest import RunEngine
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _first_party_entry_points() -> dict[str, str]:
+    """``{entry-point name: distribution}`` of plugins/* folders that are installed."""
+    found = {}
+    for pyproject in sorted(REPO_ROOT.glob("plugins/*/pyproject.toml")):
+        data = tomllib.loads(pyproject.read_text())
+        dist = data["project"]["name"]
+        try:
+            metadata.distribution(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        for name in data["project"]["entry-points"]["engine.plugins"]:
+            found[name] = dist
+    return found
+
+
+def test_version(run_engine: RunEngine) -> None:
+    out = run_engine("--version")
+    assert out.returncode == 0
+    assert (
+        out.stdout.strip() == f"engine {engine.__version__} (engine-sdk {engine_sdk.__version__})"
+    )
+
+
+def test_list_json_has_first_party_plugins(run_engine: RunEngine) -> None:
+    out = run_engine("plugins", "list", "--json")
+    assert out.returncode == 0, out.stderr
+    payload = json.loads(out.stdout)
+    assert payload["engine_sdk_version"] == engine_sdk.__version__
+    assert payload["registry"] == str(REPO_ROOT / "registry.toml")
+    listed = {p["name"]: p for p in payload["plugins"]}
+    expected = _first_party_entry_points()
+    for name, dist in expected.items():
+        assert listed[name]["distribution"] == dist
+        assert listed[name]["status"] == "loaded", listed[name]["error"]
+        assert listed[name]["known_to_registry"] is True
+        assert listed[name]["sdk_compatible"] is True
+        assert listed[name]["provides"], f"{name} provides nothing"
+
+
+def test_list_table_and_kind_filter(run_engine: RunEngine) -> None:
+    out = run_engine("plugins", "list")
+    assert out.returncode == 0, out.stderr
+    header = out.stdout.splitlines()[0].split()
+    assert header == ["NAME", "DISTRIBUTION", "VERSION", "PROVIDES", "SDK", "STATUS", "REGISTRY"]
+    out = run_engine("plugins", "list", "--json", "--kind", "attention_backend")
+    plugins = json.loads(out.stdout)["plugins"]
+    assert all(set(p["provides"]) == {"attention_backend"} for p in plugins)
+    bad = run_engine("plugins", "list", "--kind", "nonsense")
+    assert bad.returncode == 2 and "unknown kind 'nonsense'" in bad.stderr
+
+
+def test_available_lists_uninstalled_catalogue_entries(run_engine: RunEngine) -> None:
+    out = run_engine("plugins", "list", "--available", "--json")
+    assert out.returncode == 0, out.stderr
+    available = {e["name"]: e for e in json.loads(out.stdout)["available"]}
+    assert available["awq"]["install"] == "pip install engine-awq"
+    assert available["awq"]["status"] == "planned"
+    installed = _first_party_entry_points()
+    assert not set(installed) & set(available)
+    out = run_engine("plugins", "list", "--available", "--kind", "quantization_method")
+    assert "awq" in out.stdout and "outlines" not in out.stdout
+
+
+def test_missing_requested_plugin_fails_with_hint(run_engine: RunEngine) -> None:
+    out = run_engine("plugins", "list", "--plugin", "does-not-exist")
+    assert out.returncode == 1
+    assert "plugin 'does-not-exist' was requested" in out.stderr
+    assert "pip install engine-does-not-exist" in out.stderr
+    out = run_engine("plugins", "list", env={"ENGINE_PLUGINS": "awq"})
+    assert out.returncode == 1
+    assert "'awq'" in out.stderr and "pip install engine-awq" in out.stderr
+
+
+def test_plugins_list_never_imports_torch() -> None:
+    code = (
+        "import sys\n"
+        "from engine.cli.main import app\n"
+        "for args in (['plugins', 'list'], ['plugins', 'list', '--json'],"
+        " ['plugins', 'list', '--available'], ['--help']):\n"
+        "    try:\n"
+        "        app(args, standalone_mode=False)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "mods = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]\n"
+        "print('TORCH:', mods[:3])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert "TORCH: []" in out.stdout
+
+
+def test_collect_env_masks_secrets(run_engine: RunEngine) -> None:
+    env = {"ENGINE_API_KEY": "sk-very-secret", "HF_TOKEN": "hf_secret", "ENGINE_LOG_LEVEL": "debug"}
+    out = run_engine("collect-env", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["environment"]["ENGINE_API_KEY"] == "***"
+    assert data["environment"]["HF_TOKEN"] == "***"
+    assert data["environment"]["ENGINE_LOG_LEVEL"] == "debug"
+    assert "sk-very-secret" not in out.stdout and "hf_secret" not in out.stdout
+    import torch
+
+    assert data["torch"] == torch.__version__
+    assert data["python"] == sys.version.split()[0]
+    assert data["distributions"]["engine"] == engine.__version__
+    assert data["distributions"]["engine-sdk"] == engine_sdk.__version__
+    text = run_engine("collect-env", env=env)
+    assert "ENGINE_API_KEY=***" in text.stdout and "sk-very-secret" not in text.stdout
+
+
+def test_mounts_cli_command_from_plugin(fake_dist, run_engine: RunEngine) -> None:  # type: ignore[no-untyped-def]
+    site = fake_dist(
+        "hello",
+        """
+        from engine_sdk import CLICommandSpec, hookimpl
+
+        def hello(name: str = "world") -> None:
+            print(f"hello {name}")
+
+        @hookimpl
+        def register_cli_commands():
+            return [CLICommandSpec("hello", __name__ + ":hello", help="say hello")]
+        """,
+    )
+    out = run_engine("hello", "--name", "plugin", pythonpath=site)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "hello plugin"
+    helptext = run_engine("--help", pythonpath=site)
+    assert "hello" in helptext.stdout and "plugins" in helptext.stdout
