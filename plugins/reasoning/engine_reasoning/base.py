@@ -2,7 +2,8 @@
 
 ``split(text, final=True)`` is the non-streaming answer. ``split(text, final=False)`` is
 the part of the answer that can no longer change whatever is generated next: a reasoning
-prefix and a content prefix (partial tags and undecided text are left out). Streaming sends
+prefix and a content prefix (partial tags, undecided text and whitespace that a final strip
+could still remove are left out). Streaming sends
 the growth of those prefixes, so the concatenated deltas equal the non-streaming result for
 any split of the output into chunks.
 """

@@ -2,9 +2,10 @@
 
 The chat template opens ``<think>`` in the prompt, so everything before ``</think>`` is
 reasoning (a ``<think>`` the model repeats at the start is dropped) and everything after it
-is content. Without ``</think>`` the whole output is reasoning (generation stopped while
-thinking). Also the right parser for QwQ and Qwen3 *-Thinking-2507 models, whose templates
-open ``<think>`` too.
+is content. Whitespace around the reasoning and before the content is dropped, as the
+template does when it renders the turn back. Without ``</think>`` the whole output is
+reasoning (generation stopped while thinking). Also the right parser for QwQ and Qwen3
+*-Thinking-2507 models, whose templates open ``<think>`` too.
 """
 
 from __future__ import annotations
@@ -29,5 +30,5 @@ class DeepSeekR1ReasoningParser(SplitReasoningParser):
             body = text
         end = body.find(THINK_END)
         if end >= 0:
-            return body[:end], body[end + len(THINK_END) :]
-        return (body if final else without_partial_end(body)), None
+            return body[:end].strip(), body[end + len(THINK_END) :].lstrip()
+        return (body if final else without_partial_end(body)).strip(), None

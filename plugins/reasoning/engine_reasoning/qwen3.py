@@ -4,6 +4,8 @@
   there is one; text before that tag is dropped), the text after it is content.
 - Without ``</think>``: if the output opens with ``<think>`` (generation stopped while
   thinking) the rest is reasoning; otherwise the whole output is content (thinking off).
+- Whitespace around the reasoning and before the content that follows ``</think>`` is
+  dropped, as the template does when it renders the turn back.
 
 Streaming: after an opening ``<think>`` reasoning streams at once. An output that does not
 open with ``<think>`` is undecided until ``</think>`` appears (then what came before is
@@ -32,8 +34,8 @@ class Qwen3ReasoningParser(SplitReasoningParser):
             before = text[:end]
             start = before.find(THINK_START)
             reasoning = before[start + len(THINK_START) :] if start >= 0 else before
-            return reasoning, text[end + len(THINK_END) :]
+            return reasoning.strip(), text[end + len(THINK_END) :].lstrip()
         body = after_start_tag(text)
         if body is not None:
-            return (body if final else without_partial_end(body)), None
+            return (body if final else without_partial_end(body)).strip(), None
         return (None, text) if final else (None, None)

@@ -1,0 +1,121 @@
+"""qwen3 and deepseek_r1 reasoning parsers on real think-section outputs."""
+
+from __future__ import annotations
+
+import engine_reasoning.plugin
+from engine_reasoning.deepseek_r1 import DeepSeekR1ReasoningParser
+from engine_reasoning.qwen3 import Qwen3ReasoningParser
+from engine_sdk.testing import PluginConformance
+from engine_sdk.testing.parsers import ReasoningParserConformance, ReasoningTranscript
+
+QWEN3 = [
+    ReasoningTranscript(
+        "<think>\nThe user asks 2+2. That is 4.\n</think>\n\nThe answer is **4**.",
+        expected_reasoning="The user asks 2+2. That is 4.",
+        expected_content="The answer is **4**.",
+        label="thinking on",
+    ),
+    ReasoningTranscript(
+        "<think>\n\n</think>\n\nBonjour, ça va ? 🙂",
+        expected_reasoning=None,
+        expected_content="Bonjour, ça va ? 🙂",
+        label="empty think block (/no_think)",
+    ),
+    ReasoningTranscript(
+        "Plain answer without thinking, with a < and </b> tag.",
+        expected_reasoning=None,
+        expected_content="Plain answer without thinking, with a < and </b> tag.",
+        label="thinking disabled in the prompt",
+    ),
+    ReasoningTranscript(
+        "The template opened the block. 思考中…</think>Answer.",
+        expected_reasoning="The template opened the block. 思考中…",
+        expected_content="Answer.",
+        label="no start tag, end tag present",
+    ),
+    ReasoningTranscript(
+        "<think>\nLong thought cut by max_tokens <thi",
+        expected_reasoning="Long thought cut by max_tokens <thi",
+        expected_content=None,
+        label="truncated while thinking",
+    ),
+    ReasoningTranscript(
+        "<think>a <think> nested</think>done</think>",
+        expected_reasoning="a <think> nested",
+        expected_content="done</think>",
+        label="repeated tags",
+    ),
+]
+
+DEEPSEEK_R1 = [
+    ReasoningTranscript(
+        "Okay, so the user wants 2+2.\nThat's 4.\n</think>\n\n**4**",
+        expected_reasoning="Okay, so the user wants 2+2.\nThat's 4.",
+        expected_content="**4**",
+        label="template opened <think>",
+    ),
+    ReasoningTranscript(
+        "<think>\nRepeated start tag.\n</think>Answer: ✓",
+        expected_reasoning="Repeated start tag.",
+        expected_content="Answer: ✓",
+        label="model repeats <think>",
+    ),
+    ReasoningTranscript(
+        "Still thinking when max_tokens hit </thi",
+        expected_reasoning="Still thinking when max_tokens hit </thi",
+        expected_content=None,
+        label="truncated",
+    ),
+    ReasoningTranscript(
+        "</think>Only an answer.",
+        expected_reasoning=None,
+        expected_content="Only an answer.",
+        label="empty reasoning",
+    ),
+]
+
+
+class TestQwen3Conformance(ReasoningParserConformance):
+    parser_cls = Qwen3ReasoningParser
+    transcripts = QWEN3
+
+
+class TestDeepSeekR1Conformance(ReasoningParserConformance):
+    parser_cls = DeepSeekR1ReasoningParser
+    transcripts = DEEPSEEK_R1
+
+
+class TestPluginConformance(PluginConformance):
+    plugin = engine_reasoning.plugin
+
+
+def test_qwen3_streams_reasoning_as_soon_as_the_block_opens() -> None:
+    parser = Qwen3ReasoningParser()
+    delta = parser.extract_reasoning_streaming("", "<think>\nHmm", "<think>\nHmm")
+    assert delta is not None and delta.reasoning_content == "Hmm" and not delta.content
+    delta = parser.extract_reasoning_streaming("<think>\nHmm", "<think>\nHmm</th", "</th")
+    assert delta is None  # a partial end tag is held back
+    delta = parser.extract_reasoning_streaming(
+        "<think>\nHmm</th", "<think>\nHmm</think>Hi", "ink>Hi"
+    )
+    assert delta is not None and delta.content == "Hi" and not delta.reasoning_content
+
+
+def test_qwen3_holds_undecided_text_until_the_end() -> None:
+    parser = Qwen3ReasoningParser()
+    assert parser.extract_reasoning_streaming("", "Hello", "Hello") is None
+    flushed = parser.finish_streaming("Hello")
+    assert flushed is not None and flushed.content == "Hello"
+
+
+def test_deepseek_r1_streams_reasoning_without_a_start_tag() -> None:
+    parser = DeepSeekR1ReasoningParser()
+    delta = parser.extract_reasoning_streaming("", "Okay, so", "Okay, so")
+    assert delta is not None and delta.reasoning_content == "Okay, so"
+
+
+def test_is_reasoning_end() -> None:
+    for parser in (Qwen3ReasoningParser(), DeepSeekR1ReasoningParser()):
+        assert not parser.is_reasoning_end("<think>\nstill thinking")
+        assert parser.is_reasoning_end("<think>\nthought</think>")
+        assert parser.is_reasoning_end("thought</think>\n\nanswer")
