@@ -1,0 +1,231 @@
+"""The model runner: owns the model, the KV cache and the sampler; runs one step at a time.
+
+Startup phases: device and dtype, free-memory check (GPU), attention backend, model and
+weights, memory plan, KV cache allocation. ``execute(SchedulerOutput)`` packs the step's
+tokens, runs the model, computes logits only for the rows that need them and samples.
+
+Per-request state kept here: a ``torch.Generator`` for seeded requests (kept across
+preemption so a seeded request's tokens do not depend on scheduling) and how far prompt
+logprobs were reported; both are dropped when the request appears in ``finished_req_ids``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from engine_sdk.interfaces.attention import AttentionBackend, AttentionLayerConfig
+
+from engine.config import EngineArgs
+from engine.core.request import ReqId
+from engine.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from engine.errors import StartupError
+from engine.model_executor.inputs import StepInputs, build_step_inputs
+from engine.model_executor.loader import LoadConfig, load_model, resolve_device, resolve_dtype
+from engine.model_executor.memory import (
+    MemoryPlan,
+    check_free_memory,
+    plan_cpu_kv_cache,
+    plan_gpu_kv_cache,
+    resolve_max_model_len,
+)
+from engine.model_executor.profiling import profile_gpu_memory
+from engine.model_executor.sampler import Sampler, SamplingBatch, compute_prompt_logprobs
+from engine.model_executor.source import ModelSource
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ModelRunner"]
+
+_KV_CACHE_DTYPES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+
+
+class ModelRunner:
+    def __init__(
+        self, args: EngineArgs, pm: Any, source: ModelSource, sampler: Sampler | None = None
+    ) -> None:
+        self.args = args
+        self.source = source
+        self.device = resolve_device(args.device)
+        self.dtype = resolve_dtype(args.dtype, source.hf_config, self.device)
+        self.kv_cache_dtype = self._resolve_kv_cache_dtype(args.kv_cache_dtype)
+        if args.block_size < 1:
+            raise StartupError(f"--block-size must be at least 1, got {args.block_size}")
+        self.block_size = args.block_size
+        self.max_model_len = resolve_max_model_len(args.max_model_len, source.hf_config)
+        free_at_start = self._check_free_memory()
+        self.backend_cls = self._select_backend(pm)
+        self.attention_configs: list[AttentionLayerConfig] = []
+        self.attention_backends: list[AttentionBackend] = []
+        load_config = LoadConfig(
+            self.device, self.dtype, self.block_size, self._make_attention, args.kv_cache_dtype
+        )
+        self.model = load_model(args, pm, source, load_config)
+        self.weights_bytes = sum(
+            t.numel() * t.element_size() for t in [*self.model.parameters(), *self.model.buffers()]
+        )
+        self.vocab_size = int(source.hf_config.vocab_size)
+        self.sampler = sampler if sampler is not None else Sampler()
+        self.plan = self._plan_memory(free_at_start)
+        self.num_blocks = self.plan.num_blocks
+        self.kv_caches = self.allocate_kv_caches(self.num_blocks)
+        self._generators: dict[ReqId, torch.Generator] = {}
+        self._prompt_logprobs_done: dict[ReqId, int] = {}
+
+    # -- startup phases -------------------------------------------------------------------
+
+    def _resolve_kv_cache_dtype(self, name: str) -> torch.dtype:
+        if name == "auto":
+            return self.dtype
+        if name not in _KV_CACHE_DTYPES:
+            raise StartupError(
+                f"--kv-cache-dtype {name!r} is not supported; use auto or {', '.join(_KV_CACHE_DTYPES)}"
+            )
+        dtype: torch.dtype = getattr(torch, _KV_CACHE_DTYPES[name])
+        return dtype
+
+    def _check_free_memory(self) -> int | None:
+        """Error (c) on GPU; returns the free bytes at startup (None on CPU)."""
+        if self.device.type != "cuda":
+            return None
+        free, total = torch.cuda.mem_get_info(self.device)
+        if self.args.kv_cache_memory_bytes is None:
+            check_free_memory(total, free, self.args.gpu_memory_utilization)
+        return int(free)
+
+    def _select_backend(self, pm: Any) -> type[AttentionBackend]:
+        try:
+            backend: type[AttentionBackend] = pm.select_attention_backend(
+                self.device.type,
+                str(self.dtype).removeprefix("torch."),
+                self.block_size,
+                self.args.attention_backend,
+            )
+        except Exception as exc:
+            raise StartupError(str(exc)) from exc
+        logger.info("attention backend: %s", backend.name or backend.__name__)
+        return backend
+
+    def _make_attention(self, config: AttentionLayerConfig) -> AttentionBackend:
+        backend = self.backend_cls(config)
+        self.attention_configs.append(config)
+        self.attention_backends.append(backend)
+        return backend
+
+    def _layer_cache_shape(self, config: AttentionLayerConfig, num_blocks: int) -> tuple[int, ...]:
+        return self.backend_cls.kv_cache_shape(
+            num_blocks, self.block_size, config.num_kv_heads, config.head_dim
+        )
+
+    @property
+    def bytes_per_block(self) -> int:
+        """KV bytes of one block over all layers (from the backend's cache shape)."""
+        element = torch.empty((), dtype=self.kv_cache_dtype).element_size()
+        total = 0
+        for config in self.attention_configs:
+            numel = 1
+            for dim in self._layer_cache_shape(config, 1):
+                numel *= dim
+            total += numel * element
+        return total
+
+    def _plan_memory(self, free_at_start: int | None) -> MemoryPlan:
+        num_layers = self.model.num_attention_layers()
+        if len(self.attention_configs) != num_layers:
+            raise StartupError(
+                f"{type(self.model).__name__} built {len(self.attention_configs)} attention "
+                f"layers but reports num_attention_layers() = {num_layers}; fix the model plugin"
+            )
+        args = self.args
+        if self.device.type == "cuda":
+            assert free_at_start is not None
+            profile = profile_gpu_memory(
+                self, free_at_start, args.effective_max_num_batched_tokens()
+            )
+            plan = plan_gpu_kv_cache(
+                profile,
+                args.gpu_memory_utilization,
+                self.bytes_per_block,
+                self.block_size,
+                self.max_model_len,
+                args.kv_cache_memory_bytes,
+            )
+        else:
+            plan = plan_cpu_kv_cache(
+                args.kv_cache_memory_bytes,
+                self.bytes_per_block,
+                self.block_size,
+                self.max_model_len,
+                args.max_num_seqs,
+            )
+        plan.log(self.weights_bytes)
+        return plan
+
+    def allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
+        """One zeroed cache tensor per attention layer, shaped by the backend."""
+        return [
+            torch.zeros(
+                self._layer_cache_shape(config, num_blocks),
+                dtype=self.kv_cache_dtype,
+                device=self.device,
+            )
+            for config in self.attention_configs
+        ]
+
+    # -- one step -------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        for req_id in so.finished_req_ids:
+            self._generators.pop(req_id, None)
+            self._prompt_logprobs_done.pop(req_id, None)
+        output = ModelRunnerOutput()
+        if so.is_empty:
+            return output
+        inputs = self.prepare_inputs(so)
+        logits = self.run_model(inputs, self.kv_caches)
+        if inputs.sample_requests:
+            sampled = self.sample(logits, inputs)
+            for sr, token_id, logprobs in zip(
+                inputs.sample_requests, sampled.token_ids, sampled.logprobs, strict=True
+            ):
+                output.sampled_token_ids[sr.req_id] = token_id
+                if logprobs is not None:
+                    output.logprobs[sr.req_id] = logprobs
+        for rows in inputs.prompt_rows:
+            first, count = rows.first_row, len(rows.target_token_ids)
+            output.prompt_logprobs[rows.req_id] = compute_prompt_logprobs(
+                logits[first : first + count], rows.target_token_ids, rows.num_logprobs
+            )
+        return output
+
+    def prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
+        return build_step_inputs(so, self.block_size, self.device, self._prompt_logprobs_done)
+
+    def run_model(self, inputs: StepInputs, kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """Forward the step; float32 logits [num_logits_rows, vocab] (prompt rows first)."""
+        metadata = self.attention_backends[0].build_metadata(inputs.attn_batch)
+        hidden = self.model(inputs.input_ids, inputs.positions, kv_caches, metadata)
+        return self.model.compute_logits(hidden[inputs.logits_indices])
+
+    def sample(self, logits: torch.Tensor, inputs: StepInputs) -> Any:
+        """Sample one token per sampling request from the rows after the prompt rows."""
+        requests = inputs.sample_requests
+        batch = SamplingBatch(
+            params=[sr.request.sampling_params for sr in requests],
+            generators=[self._generator(sr) for sr in requests],
+            prompt_token_ids=[sr.request.prompt_token_ids for sr in requests],
+            output_token_ids=[sr.request.output_token_ids for sr in requests],
+        )
+        return self.sampler(logits[inputs.num_prompt_rows :], batch)
+
+    def _generator(self, sr: ScheduledRequest) -> torch.Generator | None:
+        seed = sr.request.sampling_params.seed
+        if seed is None:
+            return None
+        gen = self._generators.get(sr.req_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device).manual_seed(seed)
+            self._generators[sr.req_id] = gen
+        return gen

@@ -1,0 +1,1 @@
+"""engine-llama: the LlamaForCausalLM and MistralForCausalLM architectures."""

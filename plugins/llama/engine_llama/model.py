@@ -1,0 +1,21 @@
+"""LlamaForCausalLM and MistralForCausalLM: the generic decoder, configured from config.json.
+
+Mistral differs from Llama only by ``sliding_window``, which the generic decoder reads
+from the config for every layer.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from engine_sdk.layers.decoder import DecoderForCausalLM, DecoderOptions
+
+
+class LlamaForCausalLM(DecoderForCausalLM):
+    architectures: ClassVar[tuple[str, ...]] = ("LlamaForCausalLM",)
+    options: ClassVar[DecoderOptions] = DecoderOptions()
+
+
+class MistralForCausalLM(DecoderForCausalLM):
+    architectures: ClassVar[tuple[str, ...]] = ("MistralForCausalLM",)
+    options: ClassVar[DecoderOptions] = DecoderOptions(attention_bias=False, mlp_bias=False)

@@ -1,0 +1,1 @@
+"""engine-qwen3: the Qwen3ForCausalLM model architecture."""
