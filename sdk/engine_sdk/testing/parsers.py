@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -255,6 +256,20 @@ def _describe(label: str, text: str, chunks: Sequence[str] | None = None) -> str
     return message if chunks is None else f"{message}\nchunks {list(chunks)!r}"
 
 
+@contextmanager
+def _no_exceptions(label: str, text: str) -> Iterator[None]:
+    """Turn an exception from the parser into a test failure that shows the output."""
+    try:
+        yield
+    except AssertionError:
+        raise
+    except Exception as exc:
+        raise AssertionError(
+            f"the parser raised {type(exc).__name__}: {exc}; unexpected or malformed output "
+            f"must come back as content, never as an exception\n{_describe(label, text)}"
+        ) from exc
+
+
 def _tool_reference(
     parser_cls: Callable[[], ToolParser], text: str, tools: list[dict[str, Any]] | None
 ) -> tuple[str, list[tuple[str, str]]]:
@@ -276,10 +291,12 @@ def _check_tool_splits(
     splits: Iterator[list[str]],
 ) -> tuple[str, list[tuple[str, str]]]:
     text, tools = transcript.text, transcript.tools
-    content, calls = _tool_reference(parser_cls, text, tools)
+    with _no_exceptions(transcript.label, text):
+        content, calls = _tool_reference(parser_cls, text, tools)
     for chunks in splits:
         try:
-            streamed = stream_tool_calls(parser_cls(), chunks, tools)
+            with _no_exceptions(transcript.label, text):
+                streamed = stream_tool_calls(parser_cls(), chunks, tools)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{_describe(transcript.label, text, chunks)}") from None
         streamed_calls = [(name, arguments) for _, name, arguments in streamed.calls]
@@ -334,21 +351,18 @@ def check_tool_parser_malformed(
     """Broken outputs never raise, stream like they parse, and degrade to plain content."""
     tools = next((t.tools for t in transcripts if t.tools), None)
     texts = [t.text for t in transcripts]
-    full_calls = {t.text: _tool_reference(parser_cls, t.text, t.tools)[1] for t in transcripts}
+    full_calls = {}
+    for transcript in transcripts:
+        with _no_exceptions(transcript.label, transcript.text):
+            full_calls[transcript.text] = _tool_reference(
+                parser_cls, transcript.text, transcript.tools
+            )[1]
     rng = random.Random(seed)
     for text in malformed_variants(texts, seed, count):
         splits = [[text], list(text) or [""], split_at(text, [rng.randint(0, len(text))] * 2)]
-        try:
-            content, calls = _check_tool_splits(
-                parser_cls, ToolTranscript(text, tools, label="malformed"), iter(splits)
-            )
-        except AssertionError:
-            raise
-        except Exception as exc:
-            raise AssertionError(
-                f"the parser raised {type(exc).__name__}: {exc} on malformed output; it must "
-                f"return it as content instead\n{_describe('malformed', text)}"
-            ) from exc
+        content, calls = _check_tool_splits(
+            parser_cls, ToolTranscript(text, tools, label="malformed"), iter(splits)
+        )
         if not calls:
             assert content == text, (
                 "with no tool call found, the content must be the output unchanged, got "
@@ -371,7 +385,8 @@ def _check_reasoning_splits(
     splits: Iterator[list[str]],
 ) -> tuple[str, str]:
     text = transcript.text
-    reasoning, content = parser_cls().extract_reasoning(text)
+    with _no_exceptions(transcript.label, text):
+        reasoning, content = parser_cls().extract_reasoning(text)
     for part, what in ((reasoning, "reasoning"), (content, "content")):
         assert part is None or isinstance(part, str), f"{what} must be str or None: {part!r}"
         assert part is None or part in text, (
@@ -380,7 +395,8 @@ def _check_reasoning_splits(
     reasoning, content = reasoning or "", content or ""
     for chunks in splits:
         try:
-            streamed = stream_reasoning(parser_cls(), chunks)
+            with _no_exceptions(transcript.label, text):
+                streamed = stream_reasoning(parser_cls(), chunks)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{_describe(transcript.label, text, chunks)}") from None
         assert (streamed.reasoning, streamed.content) == (reasoning, content), (
@@ -396,7 +412,8 @@ def _check_reasoning_end(parser_cls: Callable[[], ReasoningParser], text: str) -
     parser = parser_cls()
     ended = False
     for end in range(len(text) + 1):
-        now = parser.is_reasoning_end(text[:end])
+        with _no_exceptions("is_reasoning_end", text[:end]):
+            now = parser.is_reasoning_end(text[:end])
         assert isinstance(now, bool), f"is_reasoning_end must return a bool, got {now!r}"
         assert now or not ended, (
             f"is_reasoning_end is True for {text[: end - 1]!r} but False for the longer "
@@ -444,17 +461,9 @@ def check_reasoning_parser_malformed(
     rng = random.Random(seed)
     for text in malformed_variants([t.text for t in transcripts], seed, count):
         splits = [[text], list(text) or [""], split_at(text, [rng.randint(0, len(text))] * 2)]
-        try:
-            transcript = ReasoningTranscript(text, label="malformed")
-            _check_reasoning_splits(parser_cls, transcript, iter(splits))
-            _check_reasoning_end(parser_cls, text)
-        except AssertionError:
-            raise
-        except Exception as exc:
-            raise AssertionError(
-                f"the parser raised {type(exc).__name__}: {exc} on malformed output\n"
-                + _describe("malformed", text)
-            ) from exc
+        transcript = ReasoningTranscript(text, label="malformed")
+        _check_reasoning_splits(parser_cls, transcript, iter(splits))
+        _check_reasoning_end(parser_cls, text)
 
 
 # --------------------------------------------------------------------------- pytest classes
