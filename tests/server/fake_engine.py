@@ -118,9 +118,10 @@ class FakeAsyncLLM:
         self, ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
         n = params.n
-        rngs = [random.Random(hash((tuple(ids), params.seed, i))) for i in range(n)]
-        if params.seed is None:
+        if params.seed is None and not params.greedy:
             rngs = [random.Random() for _ in range(n)]
+        else:  # seeded or greedy: reproducible
+            rngs = [random.Random(str((ids, params.seed, i))) for i in range(n)]
         outs = [CompletionOutput(index=i, text="", token_ids=[], logprobs=[]) for i in range(n)]
         fail = "FAIL" in self.tokenizer.decode(ids)
         assert params.max_tokens is not None
@@ -141,7 +142,10 @@ class FakeAsyncLLM:
                     continue
                 token = self._token(rng)
                 out.token_ids.append(token)
-                out.logprobs.append(Logprobs(token, -0.5, 1, [token, 3], [-0.5, -1.5]))
+                k = params.logprobs or 0
+                tops = [token] + [t for t in range(3, 3 + k) if t != token][: max(k - 1, 0)]
+                values = [-0.5 - j for j in range(len(tops))]
+                out.logprobs.append(Logprobs(token, -0.5, 1, tops[:k], values[:k]))
                 out.text = self.tokenizer.decode(out.token_ids)
                 for stop in params.stop:
                     if stop in out.text:

@@ -113,6 +113,7 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
         lifespan=lifespan,
         docs_url=None if no_docs else "/docs",
         redoc_url=None,
+        redirect_slashes=False,
         openapi_url=None if no_docs else "/openapi.json",
     )
     app.state.ctx = ctx

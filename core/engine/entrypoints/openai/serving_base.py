@@ -20,6 +20,7 @@ from fastapi import Request
 from engine.entrypoints.openai.errors import APIError, model_not_found
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import SamplingFields
+from engine.errors import EngineError, QueueFullError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -176,7 +177,18 @@ class EngineStream:
         return self
 
     async def __anext__(self) -> RequestOutput:
-        out: RequestOutput = await self._gen.__anext__()
+        try:
+            out: RequestOutput = await self._gen.__anext__()
+        except (StopAsyncIteration, QueueFullError, APIError):
+            raise
+        except ValueError as exc:  # the engine's RequestValidationError: bad input
+            self.finished = True
+            raise APIError(str(exc), 400) from None
+        except EngineError as exc:
+            self.finished = True
+            if type(exc).__name__ == "EngineDeadError":
+                raise APIError(f"The engine is not running: {exc}", 503) from None
+            raise APIError(f"The engine failed on this request: {exc}", 500) from None
         if out.finished:
             self.finished = True
         return out
