@@ -8,6 +8,7 @@ script the output text (stop strings across tokens) or derive tokens from the se
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,9 +26,12 @@ class FakeRunner:
         self.next_token = next_token
         self.num_steps = 0
         self.fail_next_step: Exception | None = None
+        self.step_delay_s = 0.0  # pretend a step takes time (async tests)
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self.num_steps += 1
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         if self.fail_next_step is not None:
             exc, self.fail_next_step = self.fail_next_step, None
             raise exc
@@ -73,12 +77,15 @@ def build_engine(
     max_num_batched_tokens: int = 64,
     enable_prefix_caching: bool = True,
     sampling_defaults: Mapping[str, Any] | None = None,
+    step_delay_s: float = 0.0,
 ) -> LLMEngine:
     scheduler = Scheduler(
         SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len),
         KVCacheConfig(num_blocks, block_size, enable_prefix_caching),
     )
-    core = EngineCore(scheduler, FakeRunner(next_token))
+    runner = FakeRunner(next_token)
+    runner.step_delay_s = step_delay_s
+    core = EngineCore(scheduler, runner)
     return LLMEngine(
         core,
         tokenizer,
