@@ -305,18 +305,19 @@ class Scheduler:
         outputs = []
         any_finished = False
         now = time.monotonic()
+        running = RequestStatus.RUNNING
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
-            if request.status != RequestStatus.RUNNING:
+            if request.status is not running:
                 continue  # aborted while the step ran
             output = self._apply_step(scheduled, runner_output, now)
             if output is not None:
                 outputs.append(output)
-            if request.is_finished:
+            if request.status is not running:  # finished by a stop condition
                 any_finished = True
                 self._release(request)
         if any_finished:
-            self.running = [r for r in self.running if not r.is_finished]
+            self.running = [r for r in self.running if r.status is running]
         return outputs
 
     def _apply_step(
@@ -344,7 +345,9 @@ class Scheduler:
             logprobs = runner_output.logprobs.get(req_id)
             new_logprobs = [logprobs] if logprobs is not None else None
             self._first_token_times.setdefault(req_id, now)
-            check_stop(request, self.config.max_model_len)
+            finished = check_stop(request, self.config.max_model_len)
+        else:
+            finished = False
         if not new_token_ids and new_prompt_logprobs is None:
             return None  # a prompt chunk that is not the last one
         return EngineCoreOutput(
@@ -352,7 +355,7 @@ class Scheduler:
             new_token_ids=new_token_ids,
             new_logprobs=new_logprobs,
             new_prompt_logprobs=new_prompt_logprobs,
-            finish_reason=request.status.finish_reason,
+            finish_reason=request.status.value if finished else None,
             stop_reason=request.stop_reason,
             num_cached_tokens=request.num_cached_tokens,
             arrival_time=request.arrival_time,

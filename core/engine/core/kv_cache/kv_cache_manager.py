@@ -180,6 +180,10 @@ class KVCacheManager:
         """
         req_id = request.req_id
         blocks = self.req_to_blocks.get(req_id, [])
+        if not new_computed_blocks and blocks:
+            # Hot path (every decode step): the last block still has room.
+            if (request.num_computed_tokens + num_new_tokens) <= len(blocks) * self.block_size:
+                return []
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         num_needed = cdiv(num_computed + num_new_tokens, self.block_size)
         num_new_blocks = max(0, num_needed - len(blocks) - len(new_computed_blocks))
