@@ -155,3 +155,15 @@ def test_stream_tool_calls_assembles_fragments() -> None:
     streamed = stream_tool_calls(_Fragments(), [HERMES[0]])
     assert [(name, arguments) for _, name, arguments in streamed.calls] == [("f", '{"a": 1}')]
     check_tool_parser(_Fragments, HERMES[:1], num_malformed=0)
+
+
+def test_the_docs_example_parser_passes_the_suite() -> None:
+    import re
+    from pathlib import Path
+
+    doc = Path(__file__).parents[2] / "docs" / "plugins" / "parsers.md"
+    code = re.search(r"```python\n(class MyThinkParser.*?)```", doc.read_text(), re.S)
+    assert code is not None, "the MyThinkParser example is missing from parsers.md"
+    namespace: dict[str, Any] = {"ReasoningParser": ReasoningParser, "DeltaMessage": DeltaMessage}
+    exec(code.group(1), namespace)  # our own documentation, not model output
+    check_reasoning_parser(namespace["MyThinkParser"], ["hmm</think>answer", "a</thi", "plain"])

@@ -65,12 +65,13 @@ class MistralToolParser(PieceToolParser):
             while body < len(text) and text[body] in " \t\r\n":
                 body += 1
             if body < len(text) and text[body] == "[" and not text.startswith(CALL_ID, body):
-                block, pos = self._array_block(text, start, body, final)
+                block, after = self._array_block(text, start, body, final)
             else:
-                block, pos = self._named_block(text, start, body, final)
+                block, after = self._named_block(text, start, body, final)
             pieces.extend(block)
-            if pos is None:
-                return pieces
+            if after is None:
+                return pieces  # the block runs to the end of the text
+            pos = after
 
     def _array_block(
         self, text: str, start: int, body: int, final: bool

@@ -63,9 +63,10 @@ def find_list_end(text: str, start: int) -> int | None:
     while pos < len(text):
         char = text[pos]
         if char in "'\"":
-            pos = _skip_string(text, pos)
-            if pos is None:
+            after = _skip_string(text, pos)
+            if after is None:
                 return None
+            pos = after
             continue
         if char in "([{":
             depth += 1

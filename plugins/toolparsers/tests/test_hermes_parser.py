@@ -10,7 +10,7 @@ from engine_toolparsers.hermes import HermesToolParser
 WEATHER = {"city": "Paris", "unit": "celsius"}
 MESSAGE = {
     "to": "José",
-    "text": "你好 🙂 \"quoted\" \\ back",
+    "text": '你好 🙂 "quoted" \\ back',
     "meta": {"tags": ["a", "b"], "priority": 1, "ratio": 0.5, "draft": False, "reply_to": None},
 }
 

@@ -18,7 +18,10 @@ TRANSCRIPTS = [
     ToolTranscript(
         '[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich", "days": 3}'
         '[TOOL_CALLS]get_time[ARGS]{"tz": "CET"}',
-        expected_calls=[("get_weather", {"city": "Zürich", "days": 3}), ("get_time", {"tz": "CET"})],
+        expected_calls=[
+            ("get_weather", {"city": "Zürich", "days": 3}),
+            ("get_time", {"tz": "CET"}),
+        ],
         expected_content=None,
         label="name[ARGS] form, two calls",
     ),
