@@ -185,8 +185,11 @@ def load_model(
         quant_config=resolve_quant_config(args, source.hf_config, pm, config.device),
         kv_cache_dtype=config.kv_cache_dtype,
     )
-    with torch.device(config.device):
-        model = model_cls(ctx)
+    try:
+        with torch.device(config.device):
+            model = model_cls(ctx)
+    except ValueError as exc:  # unsupported config values (rope type, activation, ...)
+        raise StartupError(f"cannot build {model_cls.__name__} for {source.path}: {exc}") from exc
     model.eval()
     if args.load_format == "dummy":
         _init_dummy_weights(model, args.seed, config.device)

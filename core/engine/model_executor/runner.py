@@ -80,7 +80,8 @@ class ModelRunner:
             return self.dtype
         if name not in _KV_CACHE_DTYPES:
             raise StartupError(
-                f"--kv-cache-dtype {name!r} is not supported; use auto or {', '.join(_KV_CACHE_DTYPES)}"
+                f"--kv-cache-dtype {name!r} is not supported; "
+                f"use auto or {', '.join(_KV_CACHE_DTYPES)}"
             )
         dtype: torch.dtype = getattr(torch, _KV_CACHE_DTYPES[name])
         return dtype
