@@ -196,3 +196,20 @@ def test_bfloat16_runs_and_mostly_agrees(arch: str, pm: Any, model_dirs: dict) -
         theirs = hf_model(model_dir)(torch.tensor([prompt])).logits[0].float()
     assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.8
     assert (ours - theirs).abs().max() < 0.15 * theirs.abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cuda_float32_greedy_matches_hf(arch: str, pm: Any, model_dirs: dict) -> None:
+    model_dir = model_dirs[arch]
+    prompts = _encode(model_dir, PROMPTS)
+    runner = make_runner(pm, model_dir, device="cuda", block_size=16)
+    assert runner.kv_caches[0].is_cuda
+    driver = GreedyDriver(runner)
+    requests = [
+        driver.new_request(f"r{i}", p, max_tokens=10, chunk_size=5) for i, p in enumerate(prompts)
+    ]
+    got = driver.run(requests)
+    hf = hf_model(model_dir)
+    assert got == [hf_greedy(hf, p, 10) for p in prompts]
