@@ -94,22 +94,31 @@ def test_sampling_frequencies_on_cuda() -> None:
     assert torch.all((freq - probs).abs() <= 5 * std + 1e-9), (freq, probs)
 
 
-def test_one_host_sync_per_call() -> None:
-    logits = torch.randn(5, VOCAB_SIZE, device="cuda")
-    mask = torch.ones(VOCAB_SIZE, dtype=torch.bool)
-    batch = _batch(
-        _mixed_params(),
-        generators=[None] * 4 + [torch.Generator(device="cuda").manual_seed(1)],
-        masks=[None, None, mask, None, None],
-    )
-    Sampler()(logits, batch)  # warm-up: lazy CUDA initialisation syncs
+def _count_syncs(fn) -> list[str]:
+    fn()  # warm-up: lazy CUDA initialisation and first pinned allocations
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            Sampler()(logits, batch)
+            fn()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
-    assert len(syncs) <= 1, [str(w.message) for w in syncs]
+    return [str(w.message) for w in caught if "synchronizing" in str(w.message)]
+
+
+@pytest.mark.parametrize("generator_device", ["cuda", "cpu"])
+def test_one_host_sync_per_call(generator_device: str) -> None:
+    logits = torch.randn(5, VOCAB_SIZE, device="cuda")
+    mask = torch.ones(VOCAB_SIZE, dtype=torch.bool)
+    generator = torch.Generator(device=generator_device).manual_seed(1)
+    batch = _batch(
+        _mixed_params(),  # penalties, min_tokens, truncation, logprobs
+        generators=[None] * 4 + [generator],
+        masks=[None, None, mask, None, None],
+    )
+    assert len(_count_syncs(lambda: Sampler()(logits, batch))) == 1
+    plain = _batch([SamplingParams(temperature=0.5, top_k=3)] * 5)
+    assert len(_count_syncs(lambda: Sampler()(logits, plain))) == 1
+    prompt = _count_syncs(lambda: compute_prompt_logprobs(logits, [1, 2, 3, 4, 5], 3))
+    assert len(prompt) == 1

@@ -70,7 +70,8 @@ def test_repetition_penalty_matches_hugging_face() -> None:
 
 
 def test_token_counts_counts_repeats_and_drops_out_of_range_ids() -> None:
-    counts = token_counts([[5, 7, 5], [], [2, 99, -1]], 10, torch.device("cpu"))
+    rows = [([5, 7], [5]), ((),), ([2, 99], [-1])]  # row 0: prompt + output lists
+    counts = token_counts(rows, 10, torch.device("cpu"))
     expected = torch.zeros(3, 10)
     expected[0, 5] = 2
     expected[0, 7] = 1
@@ -84,3 +85,20 @@ def test_unpenalised_batch_leaves_logits_identical() -> None:
     out = apply_penalties(logits.clone(), params, [[1], [1]], [[2], []])
     assert torch.equal(out[0], logits[0])
     assert not torch.equal(out[1], logits[1])
+
+
+def test_all_rows_and_some_rows_penalised_agree() -> None:
+    logits = torch.randn(4, VOCAB_SIZE, generator=torch.Generator().manual_seed(2))
+    params = [SamplingParams(repetition_penalty=1.4, frequency_penalty=0.3)] * 4
+    prompts, outputs = [[1, 2]] * 4, [[2, 3, 3], [4], [], [39, 0]]
+    together = apply_penalties(logits.clone(), params, prompts, outputs)
+    mixed_params = [*params[:2], SamplingParams(), *params[2:]]
+    mixed_logits = torch.cat([logits[:2], torch.zeros(1, VOCAB_SIZE), logits[2:]])
+    mixed = apply_penalties(
+        mixed_logits,
+        mixed_params,
+        [*prompts[:2], [9], *prompts[2:]],
+        [*outputs[:2], [5], *outputs[2:]],
+    )
+    assert torch.equal(mixed[[0, 1, 3, 4]], together)
+    assert torch.equal(mixed[2], torch.zeros(VOCAB_SIZE))

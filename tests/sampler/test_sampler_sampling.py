@@ -252,3 +252,16 @@ def test_bad_batches_raise_clear_errors() -> None:
     with pytest.raises(ValueError, match="bool"):
         masks = [torch.ones(VOCAB_SIZE), None]
         Sampler()(torch.zeros(2, VOCAB_SIZE), _batch(params, masks=masks))
+
+
+def test_non_contiguous_logits_give_the_same_tokens() -> None:
+    base = _logits(VOCAB_SIZE, 9, vocab_size=4)  # [V, 4] -> transposed view [4, V]
+    logits_copy = base.t().contiguous()
+    logits_copy[:, 0] = logits_copy.max() + 1  # EOS favoured, masked by min_tokens
+    params = [SamplingParams(temperature=0.0, min_tokens=1, eos_token_ids=[0], logprobs=1)] * 4
+    transposed = logits_copy.t().contiguous().t()
+    assert not transposed.is_contiguous()
+    for view in (logits_copy, transposed):
+        out = Sampler()(view, _batch(params))
+        expected = logits_copy[:, 1:].argmax(-1) + 1
+        assert out.token_ids == expected.tolist()

@@ -20,6 +20,8 @@ import torch
 from engine.model_executor.device_tensors import host_tensor, to_device
 from engine.sampling_params import SamplingParams
 
+NEG_INF = float("-inf")
+
 
 def apply_min_tokens(
     logits: torch.Tensor,
@@ -28,20 +30,19 @@ def apply_min_tokens(
 ) -> torch.Tensor:
     """Forbid EOS and stop token ids in rows still short of ``min_tokens``; in place."""
     vocab_size = logits.shape[1]
-    row_ids: list[int] = []
-    token_ids: list[int] = []
+    assert logits.is_contiguous(), "apply_min_tokens fills a flat view of the logits"
+    # Flat indices (row * V + token) and index_fill_: assigning a Python scalar through
+    # logits[rows, cols] would copy the scalar from pageable memory, a host sync on CUDA.
+    flat_ids: list[int] = []
     for i, p in enumerate(params):
         if p.min_tokens <= 0 or len(output_token_ids[i]) >= p.min_tokens:
             continue
         # Ids outside the vocabulary cannot be sampled anyway; an EOS id of a tokenizer
         # larger than the model's logits is not worth failing a request for.
         banned = {t for t in (*p.eos_token_ids, *p.stop_token_ids) if 0 <= t < vocab_size}
-        row_ids.extend([i] * len(banned))
-        token_ids.extend(banned)
-    if row_ids:
-        rows = host_tensor(row_ids, torch.long, logits.device)
-        cols = host_tensor(token_ids, torch.long, logits.device)
-        logits[rows, cols] = float("-inf")
+        flat_ids.extend(i * vocab_size + t for t in sorted(banned))
+    if flat_ids:
+        logits.view(-1).index_fill_(0, host_tensor(flat_ids, torch.long, logits.device), NEG_INF)
     return logits
 
 
@@ -76,5 +77,5 @@ def apply_allowed_token_masks(
         allowed[j, : mask.shape[0]] = mask.to(build_device)
     allowed = to_device(allowed, logits.device)
     row_index = host_tensor([i for i, _ in present], torch.long, logits.device)
-    logits[row_index] = logits[row_index].masked_fill(~allowed, float("-inf"))
+    logits[row_index] = logits[row_index].masked_fill(~allowed, NEG_INF)
     return logits

@@ -113,7 +113,8 @@ class Sampler:
         uses_penalties = needs_penalties(params)
         if not (uses_min_tokens or uses_masks or uses_penalties):
             return logits.float()
-        work = logits.to(torch.float32, copy=True)
+        work = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        work.copy_(logits)  # contiguous whatever the caller's strides
         if uses_penalties:
             apply_penalties(work, params, batch.prompt_token_ids, batch.output_token_ids)
         if uses_min_tokens:
