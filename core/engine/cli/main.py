@@ -19,7 +19,9 @@ import importlib.util
 from types import ModuleType
 from typing import Annotated, Any
 
-import click
+# Typer's command objects are click's (older typer) or its vendored copy (typer>=0.2x), so
+# they are typed as Any here and this module never imports click itself.
+
 import typer
 import typer.core
 import typer.main
@@ -53,7 +55,7 @@ def _import_optional(module_name: str) -> ModuleType | None:
         raise
 
 
-def _single_command(app: typer.Typer, name: str) -> click.Command | None:
+def _single_command(app: typer.Typer, name: str) -> Any:
     group = typer.main.get_group(app)
     command = group.commands.get(name)
     if command is None and len(group.commands) == 1 and app.registered_callback is None:
@@ -61,7 +63,7 @@ def _single_command(app: typer.Typer, name: str) -> click.Command | None:
     return command
 
 
-def _command_from_module(name: str, module: ModuleType) -> click.Command | None:
+def _command_from_module(name: str, module: ModuleType) -> Any:
     register = getattr(module, "register", None)
     function = getattr(module, name, None)
     sub_app = getattr(module, "app", None)
@@ -78,7 +80,7 @@ def _command_from_module(name: str, module: ModuleType) -> click.Command | None:
     return None
 
 
-def _command_from_target(name: str, target: Any, help_text: str) -> click.Command:
+def _command_from_target(name: str, target: Any, help_text: str) -> Any:
     if isinstance(target, typer.Typer):
         command = typer.main.get_command(target)
     else:
@@ -103,7 +105,7 @@ def _plugin_commands() -> dict[str, tuple[Any, str]]:
 class EngineGroup(typer.core.TyperGroup):
     """The root group: built-in commands, then lazy module commands, then plugin ones."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: Any) -> list[str]:
         names = list(super().list_commands(ctx))
         for name, modules in COMMAND_MODULES.items():
             if name not in names and any(_module_exists(m) for m in modules):
@@ -111,7 +113,7 @@ class EngineGroup(typer.core.TyperGroup):
         names += sorted(n for n in _plugin_commands() if n not in names)
         return names
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
         command = super().get_command(ctx, cmd_name)
         if command is not None:
             return command
