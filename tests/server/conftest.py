@@ -143,7 +143,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         cmd = [sys.executable, str(HERE / "fake_server.py"), str(model), "--model", "fake"]
         cmd += ["--port", str(port), "--served-model-name", "tiny", "tiny-alias"]
         cmd += ["--log-stats-interval", "1"]
-    proc = ServerProcess(cmd, port, api_key=API_KEY)
+    fake_config = json.dumps({"max_queued": 64, "max_running": 8})
+    proc = ServerProcess(cmd, port, api_key=API_KEY, env={"FAKE_ENGINE_CONFIG": fake_config})
     proc.cmd += ["--config", str(_write_config(model.parent, {"api-key": API_KEY}))]
     proc.real = real_engine_available()
     proc.start()

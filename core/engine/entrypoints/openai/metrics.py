@@ -111,6 +111,13 @@ class ServerMetrics:
         self.prefill_time = hist("request_prefill_time_seconds", "First scheduled to first token.")
         self.decode_time = hist("request_decode_time_seconds", "First token to last token.")
         reg.register(_SchedulerCollector(model_name, stats_fn))
+        # Export every series from the start (at 0), so dashboards and rate() see them.
+        for family in (self.prompt_tokens, self.generation_tokens, self.ttft, self.itl):
+            family.labels(model_name)
+        for family in (self.e2e, self.queue_time, self.prefill_time, self.decode_time):
+            family.labels(model_name)
+        for reason in ("stop", "length", "abort", "error"):
+            self.request_success.labels(model_name, reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -155,6 +162,7 @@ class RequestTracker:
         self.arrival = time.monotonic()
         self.first_token: float | None = None
         self.last_token: float | None = None
+        self.num_finished = 0
 
     def on_tokens(self, num_new_tokens: int) -> None:
         if num_new_tokens <= 0 or self.metrics.engine_reports_iterations:
@@ -168,7 +176,13 @@ class RequestTracker:
             self.metrics.itl.labels(m).observe((now - self.last_token) / num_new_tokens)
         self.last_token = now
 
+    def close(self, num_prompt: int) -> None:
+        """The HTTP request ended; a request that never finished counts as aborted."""
+        if self.num_finished == 0:
+            self.on_finish("abort", num_prompt, 0)
+
     def on_finish(self, finish_reason: str, num_prompt: int, num_generation: int) -> None:
+        self.num_finished += 1
         if self.metrics.engine_reports_iterations:
             return
         m = self.metrics.model_name

@@ -95,6 +95,7 @@ class ChatServing:
         try:
             first = await until_disconnected(raw, first_output(stream))
         except BaseException:
+            tracker.close(len(prompt_ids))
             await stream.close()
             raise
         meta = _ResponseMeta(
@@ -109,6 +110,7 @@ class ChatServing:
         except ClientDisconnected:
             return Response(status_code=499)
         finally:
+            tracker.close(len(prompt_ids))
             await stream.close()
 
     def _prepare(self, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:
@@ -202,6 +204,7 @@ class ChatServing:
             yield sse_event(error_body(f"The engine failed: {type(exc).__name__}: {exc}", 500))
             yield DONE
         finally:
+            tracker.close(meta.num_prompt_tokens)
             await stream.close()
 
 

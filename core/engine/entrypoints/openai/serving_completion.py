@@ -105,6 +105,7 @@ class CompletionServing:
         try:
             first = await until_disconnected(raw, _next_or_none(merged))
         except BaseException:
+            tracker.close(sum(len(p.token_ids) for p in prompts))
             await merged.aclose()
             await close_all(streams)
             raise
@@ -116,6 +117,7 @@ class CompletionServing:
         except ClientDisconnected:
             return Response(status_code=499)
         finally:
+            tracker.close(sum(len(p.token_ids) for p in prompts))
             await merged.aclose()
             await close_all(streams)
 
@@ -266,6 +268,7 @@ class CompletionServing:
             yield sse_event(error_body(f"The engine failed: {type(exc).__name__}: {exc}", 500))
             yield DONE
         finally:
+            tracker.close(sum(len(p.token_ids) for p in meta.prompts))
             await merged.aclose()  # type: ignore[attr-defined]
             await close_all(streams)
 
