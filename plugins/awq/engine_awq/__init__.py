@@ -1,0 +1,1 @@
+"""AWQ 4-bit linear layers read from AutoAWQ GEMM checkpoints."""

@@ -1,0 +1,209 @@
+"""The FP8 linear method: parameters of one layer, post-load conversion and the matmul.
+
+One class serves every layout the plugin reads; :class:`Fp8Scheme` says which:
+
+=============  ==========================  =========================================
+layout         parameters                  notes
+=============  ==========================  =========================================
+online         ``weight`` (model dtype)    quantized in ``process_weights_after_loading``
+tensor         ``weight`` fp8, scale []    ``weight_scale``
+channel        ``weight`` fp8, scale [N,1] ``weight_scale``
+block          ``weight`` fp8, scale tiles ``weight_scale_inv`` (fp8) / ``weight_scale`` (c-t)
+static acts    ``input_scale`` []          activations quantized with the calibrated scale
+=============  ==========================  =========================================
+
+On a CUDA GPU with FP8 matrix units (compute capability >= 8.9) tensor/channel layouts run
+``torch._scaled_mm`` with activations quantized per call (dynamic: per tensor or per token;
+static: ``input_scale``). Elsewhere, and for block layouts, the weight is dequantized to the
+activation dtype and multiplied (weight-only FP8; activations stay unquantized).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from engine_sdk.interfaces.quantization import QuantizationMethod
+
+from engine_fp8 import quant_ops
+
+__all__ = ["Fp8LinearMethod", "Fp8Scheme", "has_fp8_matrix_units"]
+
+WEIGHT_STRATEGIES = ("tensor", "channel", "block")
+ACTIVATION_STRATEGIES = ("tensor", "token")
+FP8_MIN_CAPABILITY = 89
+
+
+@dataclass(frozen=True)
+class Fp8Scheme:
+    """How one model's FP8 linear layers are stored and applied."""
+
+    serialized: bool = False  # weights arrive in fp8 (False: quantize the loaded weights)
+    weight_strategy: str = "tensor"
+    block: tuple[int, int] | None = None  # for weight_strategy "block"
+    block_scale_name: str = "weight_scale_inv"
+    activation_scheme: str | None = "dynamic"  # "dynamic", "static" or None (weight-only)
+    activation_strategy: str = "tensor"  # for dynamic activations
+
+    def __post_init__(self) -> None:
+        if self.weight_strategy not in WEIGHT_STRATEGIES:
+            raise ValueError(
+                f"fp8 weight strategy {self.weight_strategy!r} is not supported; "
+                f"use one of {', '.join(WEIGHT_STRATEGIES)}"
+            )
+        if (self.weight_strategy == "block") != (self.block is not None):
+            raise ValueError("fp8 block weights need a block size [rows, cols] and vice versa")
+        if self.activation_scheme not in ("dynamic", "static", None):
+            raise ValueError(
+                f"fp8 activation_scheme {self.activation_scheme!r} is not supported; "
+                "use 'dynamic' or 'static'"
+            )
+        if self.activation_strategy not in ACTIVATION_STRATEGIES:
+            raise ValueError(
+                f"fp8 activation strategy {self.activation_strategy!r} is not supported; "
+                f"use one of {', '.join(ACTIVATION_STRATEGIES)}"
+            )
+        if not self.serialized and self.activation_scheme == "static":
+            raise ValueError(
+                "fp8 activation_scheme 'static' needs calibrated input scales from an fp8 "
+                "checkpoint; online quantization (--quantization fp8) uses 'dynamic'"
+            )
+
+
+def has_fp8_matrix_units(device: torch.device) -> bool:
+    """True on CUDA GPUs of compute capability 8.9 or newer (Ada, Hopper, Blackwell)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor >= FP8_MIN_CAPABILITY
+
+
+def _scale_loader(layer_name: str):  # type: ignore[no-untyped-def]
+    """Copy a scale whose stored shape may differ only by size-1 dims ([] vs [1], [N] vs
+    [N, 1]), which fp8 exporters disagree on."""
+
+    def load(param: torch.nn.Parameter, tensor: torch.Tensor) -> None:
+        if tensor.numel() != param.numel():
+            raise ValueError(
+                f"{layer_name}: scale tensor has shape {tuple(tensor.shape)}, the fp8 layout "
+                f"expects {tuple(param.shape)}; is quantization_config's strategy right?"
+            )
+        param.data.copy_(tensor.reshape(param.shape))
+
+    return load
+
+
+def _fp8_weight_loader(layer_name: str):  # type: ignore[no-untyped-def]
+    def load(param: torch.nn.Parameter, tensor: torch.Tensor) -> None:
+        if tensor.dtype != quant_ops.FP8_DTYPE:
+            raise ValueError(
+                f"{layer_name}.weight is {tensor.dtype} but quantization_config says the "
+                "checkpoint stores float8_e4m3fn weights; remove quantization_config from "
+                "config.json and pass --quantization fp8 to quantize an unquantized checkpoint"
+            )
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise ValueError(
+                f"{layer_name}.weight has shape {tuple(tensor.shape)}, the model expects "
+                f"{tuple(param.shape)}"
+            )
+        param.data.copy_(tensor)
+
+    return load
+
+
+def _param(tensor: torch.Tensor, loader) -> torch.nn.Parameter:  # type: ignore[no-untyped-def]
+    param = torch.nn.Parameter(tensor, requires_grad=False)
+    if loader is not None:
+        param.weight_loader = loader  # type: ignore[attr-defined]
+    return param
+
+
+class Fp8LinearMethod(QuantizationMethod):
+    """FP8 weights for one linear layer (see the module docstring for the layouts)."""
+
+    def __init__(self, scheme: Fp8Scheme) -> None:
+        self.scheme = scheme
+
+    # -- parameters -------------------------------------------------------------------
+
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+    ) -> None:
+        scheme, name = self.scheme, getattr(layer, "prefix", "") or "linear"
+        layer.fp8_use_scaled_mm = False
+        if not scheme.serialized:
+            weight = torch.empty(output_size, input_size, dtype=params_dtype)
+            layer.register_parameter("weight", _param(weight, None))
+            return
+        weight = torch.empty(output_size, input_size, dtype=quant_ops.FP8_DTYPE)
+        layer.register_parameter("weight", _param(weight, _fp8_weight_loader(name)))
+        if scheme.weight_strategy == "tensor":
+            scale, scale_name = torch.empty(1, dtype=torch.float32), "weight_scale"
+        elif scheme.weight_strategy == "channel":
+            scale, scale_name = torch.empty(output_size, 1, dtype=torch.float32), "weight_scale"
+        else:
+            assert scheme.block is not None
+            b0, b1 = scheme.block
+            shape = (-(-output_size // b0), -(-input_size // b1))
+            scale, scale_name = torch.empty(shape, dtype=torch.float32), scheme.block_scale_name
+        layer.register_parameter(scale_name, _param(scale, _scale_loader(name)))
+        if scheme.activation_scheme == "static":
+            input_scale = torch.empty(1, dtype=torch.float32)
+            layer.register_parameter("input_scale", _param(input_scale, _scale_loader(name)))
+
+    def _weight_scale(self, layer: torch.nn.Module) -> torch.Tensor:
+        if self.scheme.serialized and self.scheme.weight_strategy == "block":
+            scale: torch.Tensor = getattr(layer, self.scheme.block_scale_name)
+            return scale
+        return layer.weight_scale  # type: ignore[no-any-return]
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        scheme = self.scheme
+        if not scheme.serialized:
+            weight = layer.weight.data
+            if scheme.weight_strategy == "channel":
+                qweight, scale = quant_ops.quantize_per_channel(weight)
+            else:
+                qweight, scale = quant_ops.quantize_per_tensor(weight)
+                scale = scale.reshape(1)
+            del layer.weight
+            layer.register_parameter("weight", _param(qweight, None))
+            layer.register_parameter("weight_scale", _param(scale, None))
+        num_out, num_in = layer.weight.shape
+        layer.fp8_use_scaled_mm = (
+            scheme.weight_strategy != "block"
+            and scheme.activation_scheme is not None
+            and has_fp8_matrix_units(layer.weight.device)
+            and num_in % 16 == 0
+            and num_out % 16 == 0
+        )
+
+    def dequantize_weight(self, layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        """The layer's weight as ``dtype`` [out, in] (for references and tests)."""
+        block = self.scheme.block if self.scheme.weight_strategy == "block" else None
+        return quant_ops.dequantize(layer.weight, self._weight_scale(layer), dtype, block)
+
+    # -- matmul -----------------------------------------------------------------------
+
+    def apply(
+        self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if not layer.fp8_use_scaled_mm:
+            block = self.scheme.block if self.scheme.weight_strategy == "block" else None
+            return quant_ops.fp8_linear_reference(
+                x, layer.weight, self._weight_scale(layer), bias, block
+            )
+        x2 = x.reshape(-1, x.shape[-1])
+        if self.scheme.activation_scheme == "static":
+            x_scale = layer.input_scale
+            qx = quant_ops.quantize_with_scale(x2, x_scale)
+        elif self.scheme.activation_strategy == "token":
+            qx, x_scale = quant_ops.quantize_per_token(x2)
+        else:
+            qx, x_scale = quant_ops.quantize_per_tensor(x2)
+        out = quant_ops.scaled_mm(qx, x_scale, layer.weight, layer.weight_scale, x.dtype, bias)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
