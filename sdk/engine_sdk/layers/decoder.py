@@ -104,7 +104,8 @@ class DecoderAttention(torch.nn.Module):
         cos, sin = cos_sin
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = self.attn(q.contiguous(), k.contiguous(), v.contiguous(), kv_cache, attn_metadata)
-        return self.o_proj(out)
+        result: torch.Tensor = self.o_proj(out)
+        return result
 
 
 class DecoderLayer(torch.nn.Module):
@@ -164,7 +165,8 @@ class DecoderModel(torch.nn.Module):
         cos_sin = self.rotary_emb.cos_sin(positions, hidden_states.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden_states = layer(hidden_states, cos_sin, kv_cache, attn_metadata)
-        return self.norm(hidden_states)
+        result: torch.Tensor = self.norm(hidden_states)
+        return result
 
 
 class DecoderForCausalLM(ModelArchitecture):
@@ -187,10 +189,12 @@ class DecoderForCausalLM(ModelArchitecture):
         kv_caches: list[torch.Tensor],
         attn_metadata: Any,
     ) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
+        hidden: torch.Tensor = self.model(input_ids, positions, kv_caches, attn_metadata)
+        return hidden
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden_states)
+        logits: torch.Tensor = self.lm_head(hidden_states)
+        return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors into the parameters of the same name.

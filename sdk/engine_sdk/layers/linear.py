@@ -37,7 +37,8 @@ class UnquantizedLinearMethod(QuantizationMethod):
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return torch.nn.functional.linear(x, layer.weight, bias)
+        weight: torch.Tensor = layer.weight  # type: ignore[assignment]
+        return torch.nn.functional.linear(x, weight, bias)
 
 
 class Linear(torch.nn.Module):

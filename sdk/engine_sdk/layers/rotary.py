@@ -178,6 +178,8 @@ class RotaryEmbedding(torch.nn.Module):
     A model computes ``cos_sin`` once per step and calls ``apply_rotary`` in every layer.
     """
 
+    inv_freq: torch.Tensor
+
     def __init__(self, rope: RopeParameters) -> None:
         super().__init__()
         self.rope = rope

@@ -90,7 +90,7 @@ def build_tiny_tokenizer(path: Path, vocab_size: int = 384) -> Any:
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS.splitlines() * 4, trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         eos_token="<|endoftext|>",
         pad_token="<|endoftext|>",
@@ -184,7 +184,9 @@ def build_tiny_model(
     vocab_size = int(config_overrides.pop("vocab_size", len(tokenizer)))
     config = _config(architecture, vocab_size, tokenizer, config_overrides)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        config, dtype=torch.float32
+    )
     if sharded:
         config.save_pretrained(str(path))
         _save_sharded(model, path)
