@@ -266,6 +266,6 @@ class LLMEngine:
 
 
 def _make_runner(args: EngineArgs, pm: Any, source: Any) -> Any:
-    from engine.model_executor import model_runner
+    from engine.model_executor.runner import ModelRunner
 
-    return model_runner.ModelRunner(args, pm, source)
+    return ModelRunner(args, pm, source)
