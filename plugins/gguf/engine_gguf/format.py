@@ -27,15 +27,26 @@ _SAMPLING_KEYS = {
 }
 
 
+# A folder holding these is a Hugging Face checkpoint, even with a .gguf beside them.
+_HF_WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
 def find_gguf_file(path: Path) -> Path | None:
-    """The GGUF file ``path`` names: itself, or the only ``*.gguf`` in a folder."""
+    """The GGUF file ``path`` names: itself, or the only ``*.gguf`` in a folder.
+
+    A folder that also holds HF weights (``*.safetensors``, ``*.bin``) is left to the HF
+    loader; name the ``.gguf`` file itself to load it instead.
+    """
     path = Path(path)
     if path.is_file():
         return path if path.suffix.lower() == SUFFIX else None
-    if path.is_dir():
-        found = [p for p in path.iterdir() if p.is_file() and p.suffix.lower() == SUFFIX]
-        return found[0] if len(found) == 1 else None
-    return None
+    if not path.is_dir():
+        return None
+    files = [p for p in path.iterdir() if p.is_file()]
+    if any(p.suffix.lower() in _HF_WEIGHT_SUFFIXES for p in files):
+        return None
+    found = [p for p in files if p.suffix.lower() == SUFFIX]
+    return found[0] if len(found) == 1 else None
 
 
 class GGUFFormat(ModelFormat):

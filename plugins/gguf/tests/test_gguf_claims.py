@@ -48,6 +48,14 @@ def test_does_not_claim_other_paths(tmp_path: Path) -> None:
     assert not GGUFFormat.claims(tmp_path / "nested")
 
 
+def test_hf_folder_with_a_gguf_beside_is_left_to_the_hf_loader(tmp_path: Path) -> None:
+    _touch(tmp_path / "config.json")
+    _touch(tmp_path / "model.safetensors")
+    gguf_file = _touch(tmp_path / "model.Q8_0.gguf")
+    assert not GGUFFormat.claims(tmp_path)
+    assert GGUFFormat.claims(gguf_file)  # naming the file still works
+
+
 def test_unclaimed_path_raises_a_clear_error(tmp_path: Path) -> None:
     _touch(tmp_path / "a.gguf")
     _touch(tmp_path / "b.gguf")
