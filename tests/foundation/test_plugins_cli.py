@@ -74,22 +74,38 @@ def test_available_lists_uninstalled_catalogue_entries(run_engine: RunEngine) ->
     out = run_engine("plugins", "list", "--available", "--json")
     assert out.returncode == 0, out.stderr
     available = {e["name"]: e for e in json.loads(out.stdout)["available"]}
-    assert available["awq"]["install"] == "pip install engine-awq"
-    assert available["awq"]["status"] == "planned"
+    catalogue = tomllib.loads((REPO_ROOT / "registry.toml").read_text())["plugins"]
+    for name, entry in available.items():
+        listed = catalogue[name]
+        assert entry["distribution"] == listed["distribution"]
+        assert entry["status"] == listed["status"]
+        if "path" in listed:
+            assert entry["install"] == f"pip install -e {REPO_ROOT / listed['path']}"
+        else:
+            assert entry["install"] == f"pip install {listed['distribution']}"
     installed = _first_party_entry_points()
     assert not set(installed) & set(available)
-    out = run_engine("plugins", "list", "--available", "--kind", "quantization_method")
-    assert "awq" in out.stdout and "outlines" not in out.stdout
+    out = run_engine("plugins", "list", "--available", "--json", "--kind", "quantization_method")
+    kinds = [set(e["provides"]) for e in json.loads(out.stdout)["available"]]
+    assert all(k == {"quantization_method"} or "quantization_method" in k for k in kinds)
+    assert all("quantization_method" in k for k in kinds)
 
 
-def test_missing_requested_plugin_fails_with_hint(run_engine: RunEngine) -> None:
+def test_missing_requested_plugin_fails_with_hint(run_engine: RunEngine, tmp_path: Path) -> None:
     out = run_engine("plugins", "list", "--plugin", "does-not-exist")
     assert out.returncode == 1
     assert "plugin 'does-not-exist' was requested" in out.stderr
     assert "pip install engine-does-not-exist" in out.stderr
-    out = run_engine("plugins", "list", env={"ENGINE_PLUGINS": "awq"})
+    registry = tmp_path / "registry.toml"
+    registry.write_text(
+        '[plugins.zzq]\ndistribution = "engine-zzq"\nentry_point = "engine_zzq.plugin"\n'
+        'status = "planned"\nprovides = { quantization_method = ["zzq"] }\n'
+    )
+    env = {"ENGINE_PLUGINS": "zzq", "ENGINE_REGISTRY": str(registry)}
+    out = run_engine("plugins", "list", env=env)
     assert out.returncode == 1
-    assert "'awq'" in out.stderr and "pip install engine-awq" in out.stderr
+    assert "'zzq' was requested" in out.stderr
+    assert "install it with: pip install engine-zzq" in out.stderr
 
 
 def test_plugins_list_never_imports_torch() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -174,3 +174,14 @@ def test_torch_import_in_entry_module_is_caught(
 
     with pytest.raises(AssertionError, match="imports torch"):
         Heavy().test_plugin_module_does_not_import_torch()
+
+
+def test_tiny_model_dir_fixture(tiny_model_dir: Callable[..., Path]) -> None:
+    import json
+
+    path = tiny_model_dir("Qwen3ForCausalLM", num_hidden_layers=1)
+    config = json.loads((path / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    assert config["num_hidden_layers"] == 1
+    assert any(path.glob("*.safetensors"))
+    assert tiny_model_dir("Qwen3ForCausalLM") != path  # a fresh folder per call

@@ -21,7 +21,6 @@ from typing import Annotated, Any
 
 # Typer's command objects are click's (older typer) or its vendored copy (typer>=0.2x), so
 # they are typed as Any here and this module never imports click itself.
-
 import typer
 import typer.core
 import typer.main

@@ -42,7 +42,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> TinyModelFactory
         from engine_sdk.testing.models import build_tiny_model
 
         path = tmp_path_factory.mktemp(f"tiny-{architecture}")
-        result = build_tiny_model(path, architecture, **overrides)
-        return Path(result) if result is not None else path
+        return build_tiny_model(path, architecture, **overrides)
 
     return make
