@@ -111,9 +111,10 @@ def test_missing_requested_plugin_fails_with_hint(run_engine: RunEngine, tmp_pat
 def test_plugins_list_never_imports_torch() -> None:
     code = (
         "import sys\n"
+        "import engine_sdk.testing.pytest_plugin\n"
         "from engine.cli.main import app\n"
         "for args in (['plugins', 'list'], ['plugins', 'list', '--json'],"
-        " ['plugins', 'list', '--available'], ['--help']):\n"
+        " ['plugins', 'list', '--available']):\n"
         "    try:\n"
         "        app(args, standalone_mode=False)\n"
         "    except SystemExit:\n"
