@@ -166,7 +166,6 @@ def test_torch_import_in_entry_module_is_caught(
     name = f"heavy_plugin_{uuid.uuid4().hex[:6]}"
     (tmp_path / f"{name}.py").write_text("import torch\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     module = ModuleType(name)
 
     class Heavy(PluginConformance):

@@ -17,6 +17,7 @@ Behaviour per kind (parsers, attention) has its own suites in ``engine_sdk.testi
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import types
@@ -121,8 +122,15 @@ def check_plugin(plugin: object, *, check_targets: bool = True) -> ConformanceRe
 def imports_torch(module_name: str) -> bool:
     """Whether importing ``module_name`` in a fresh interpreter imports torch."""
     code = f"import sys, {module_name}; print('torch' in sys.modules)"
+    # The child sees this process's sys.path, so modules a test put there import too.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
     )
     if out.returncode != 0:
         raise RuntimeError(f"importing {module_name} failed:\n{out.stderr}")
