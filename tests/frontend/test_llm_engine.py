@@ -184,6 +184,15 @@ def test_offline_chat_renders_template(byte_tokenizer: Any) -> None:
     assert outs[0].prompt is not None and outs[0].prompt.endswith("</think>\n\n")
 
 
+def test_offline_chat_template_file(byte_tokenizer: Any, tmp_path: Any) -> None:
+    tok = byte_tokenizer
+    llm = LLM.from_engine(build_engine(tok, scripted([50], tok.eos_token_id)))
+    path = tmp_path / "plain.jinja"
+    path.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    outs = llm.chat([{"role": "user", "content": "Hi"}], chat_template=str(path))
+    assert outs[0].prompt == "user: Hi\n"
+
+
 def test_llm_unknown_keyword_names_close_matches() -> None:
     with pytest.raises(TypeError, match="max_num_seq.*did you mean max_num_seqs"):
         LLM(model="/nonexistent", max_num_seq=4)

@@ -18,6 +18,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.outputs_processing import EngineCounters
 from engine.sampling_params import SamplingParams
+from engine.tokenization import load_chat_template
 from engine.tokenization.input_processor import PromptType
 
 Conversation = Sequence[Mapping[str, Any]]
@@ -71,7 +72,11 @@ class LLM:
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> list[RequestOutput]:
-        """Answer one conversation (a list of messages) or a list of conversations."""
+        """Answer one conversation (a list of messages) or a list of conversations.
+
+        ``chat_template`` overrides the model's template (a file path or Jinja text).
+        """
+        template = load_chat_template(chat_template)
         if messages and isinstance(messages[0], Mapping):
             conversations: list[Conversation] = [messages]  # type: ignore[list-item]
         else:
@@ -82,7 +87,7 @@ class LLM:
                 conv,
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,
-                chat_template=chat_template,
+                chat_template=template,
                 chat_template_kwargs=chat_template_kwargs,
             )
             # The template already wrote the special tokens (BOS and role markers).
