@@ -126,6 +126,7 @@ def test_n_greater_than_one_fans_in(byte_tokenizer: Any) -> None:
     assert [c.index for c in out.outputs] == [0, 1, 2]
     assert [c.delta_token_ids for c in out.outputs] == [[40], [], [41]]
     assert it.num_generation_tokens == 2 and len(it.finished_requests) == 1
+    assert it.num_prompt_tokens == 1  # the shared prompt counts once
     (out,) = proc.process_outputs([_out("a-0", 42, "length"), _out("a-1", 43)]).request_outputs
     assert not out.finished and [c.token_ids for c in out.outputs] == [[40, 42], [43], [41]]
     (out,) = proc.process_outputs([_out("a-1", 44, "length")]).request_outputs

@@ -120,7 +120,8 @@ class OutputProcessor:
         num_new = len(out.new_token_ids or [])
         it_stats.num_generation_tokens += num_new
         if is_first and num_new:
-            it_stats.num_prompt_tokens += state.num_prompt_tokens
+            if state.index == 0:  # n > 1 sequences share one prompt: count it once
+                it_stats.num_prompt_tokens += state.num_prompt_tokens
             assert state.timing.first_token_time is not None
             it_stats.time_to_first_tokens.append(
                 state.timing.first_token_time - state.timing.arrival_time
