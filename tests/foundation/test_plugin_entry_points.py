@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -95,3 +98,37 @@ def test_trace_logs_hook_calls(fake_dist: FakeDist, run_engine: RunEngine) -> No
     out = run_engine("plugins", "list", pythonpath=site, env={"ENGINE_TRACE_PLUGINS": "1"})
     assert out.returncode == 0, out.stderr
     assert "[engine.plugins]" in out.stderr and "register_reasoning_parsers" in out.stderr
+
+
+QUANT = """
+from engine_sdk import QuantizationMethodSpec, hookimpl
+
+class NotAConfig:
+    pass
+
+@hookimpl
+def register_quantization_methods():
+    return [QuantizationMethodSpec("fakeq", __name__ + ":NotAConfig")]
+"""
+
+
+def test_quant_method_pulls_in_its_plugin(fake_dist: FakeDist) -> None:
+    site = fake_dist("quantfake", QUANT)
+    code = (
+        "from engine.plugins import PluginError, PluginManager\n"
+        "pm = PluginManager.load()\n"
+        "assert pm.get_plugin('quantfake').status == 'not_loaded'\n"
+        "try:\n"
+        "    pm.require_quant_method('fakeq')\n"
+        "except PluginError as exc:\n"
+        "    print('ERR', exc)\n"
+        "print('STATUS', pm.get_plugin('quantfake').status)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINE_")}
+    env.update({"PYTHONPATH": str(site), "ENGINE_PLUGINS_AUTOLOAD": "0"})
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "STATUS loaded" in out.stdout
+    assert "does not subclass engine_sdk.interfaces.quantization:QuantizationConfig" in out.stdout

@@ -283,6 +283,13 @@ class PluginManager:
                     f"quantization method {quant_method!r} needs plugin {info.name!r}, which "
                     f"failed to load: {info.error}"
                 )
+        # Not in the catalogue: a third-party provider may be installed but not loaded
+        # (ENGINE_PLUGINS_AUTOLOAD=0); load those now, each failure stays non-fatal.
+        for info in self._plugins:
+            if info.status == "not_loaded" and info.name in self._candidates:
+                self._import_and_activate(info, self._candidates[info.name])
+        if quant_method in self.registry.names(kind):
+            return self.registry.resolve(kind, quant_method)
         known = ", ".join(self.registry.names(kind)) or "none"
         if providers:
             hint = "; ".join(f"plugin {e.name!r}: {e.install_hint()}" for e in providers)
