@@ -12,6 +12,7 @@ from engine_sdk.interfaces.model_format import ModelFormat
 
 from engine_gguf.config import build_hf_config
 from engine_gguf.metadata import GGUFFile
+from engine_gguf.rope import tidy_float
 from engine_gguf.tokenizer import load_gguf_tokenizer
 from engine_gguf.weights import iter_hf_weights
 
@@ -103,7 +104,7 @@ class GGUFFormat(ModelFormat):
         for key, hf_key in _SAMPLING_KEYS.items():
             value = gf.get(key)
             if value is not None:
-                out[hf_key] = value
+                out[hf_key] = tidy_float(value) if isinstance(value, float) else value
         eos_ids = []
         for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
             token_id = gf.get(f"tokenizer.ggml.{key}")
