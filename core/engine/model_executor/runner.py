@@ -21,6 +21,7 @@ from engine.config import EngineArgs
 from engine.core.request import ReqId
 from engine.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.errors import StartupError
+from engine.model_executor.cuda_graphs import CudaGraphRunner
 from engine.model_executor.inputs import StepInputs, build_step_inputs
 from engine.model_executor.loader import LoadConfig, load_model, resolve_device, resolve_dtype
 from engine.model_executor.memory import (
@@ -70,6 +71,7 @@ class ModelRunner:
         self.plan = self._plan_memory(free_at_start)
         self.num_blocks = self.plan.num_blocks
         self.kv_caches = self.allocate_kv_caches(self.num_blocks)
+        self.cuda_graphs = self._capture_cuda_graphs()
         self._generators: dict[ReqId, torch.Generator] = {}
         self._prompt_logprobs_done: dict[ReqId, int] = {}
 
@@ -174,6 +176,19 @@ class ModelRunner:
             for config in self.attention_configs
         ]
 
+    def _capture_cuda_graphs(self) -> CudaGraphRunner | None:
+        if self.device.type != "cuda" or self.args.enforce_eager:
+            return None
+        if not getattr(self.backend_cls, "supports_cuda_graphs", False):
+            logger.info(
+                "attention backend %s does not support CUDA graphs; running eagerly",
+                self.backend_cls.name,
+            )
+            return None
+        graphs = CudaGraphRunner(self, self.args.max_num_seqs)
+        graphs.capture()
+        return graphs
+
     # -- one step -------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -185,7 +200,10 @@ class ModelRunner:
         if so.is_empty:
             return output
         inputs = self.prepare_inputs(so)
-        logits = self.run_model(inputs, self.kv_caches)
+        if self.cuda_graphs is not None and self.cuda_graphs.can_run(inputs):
+            logits = self.cuda_graphs.run(inputs)
+        else:
+            logits = self.run_model(inputs, self.kv_caches)
         if inputs.sample_requests:
             sampled = self.sample(logits, inputs)
             for sr, token_id, logprobs in zip(

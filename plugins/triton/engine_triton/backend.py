@@ -36,6 +36,7 @@ def _tile_sizes(group: int, decode_only: bool, head_dim: int) -> tuple[int, int,
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    supports_cuda_graphs = True
 
     def __init__(self, config: AttentionLayerConfig) -> None:
         super().__init__(config)

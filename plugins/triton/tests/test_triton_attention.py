@@ -12,7 +12,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _make_batch(ctx_lens, q_lens, block_size, num_blocks, gen):
-    seq_lens = [c + q for c, q in zip(ctx_lens, q_lens)]
+    seq_lens = [c + q for c, q in zip(ctx_lens, q_lens, strict=True)]
     max_blocks = max(math.ceil(s / block_size) for s in seq_lens)
     perm = torch.randperm(num_blocks - 1, generator=gen) + 1  # block 0 stays unused
     tables, used = [], 0
@@ -22,7 +22,7 @@ def _make_batch(ctx_lens, q_lens, block_size, num_blocks, gen):
         used += n
         tables.append(row + [0] * (max_blocks - n))
     slots = []
-    for c, q, row in zip(ctx_lens, q_lens, tables):
+    for c, q, row in zip(ctx_lens, q_lens, tables, strict=True):
         for pos in range(c, c + q):
             slots.append(row[pos // block_size] * block_size + pos % block_size)
     starts = [0]
@@ -47,16 +47,16 @@ def _run_case(ctx_lens, q_lens, num_heads, num_kv_heads, head_dim, block_size, d
     from engine_triton.backend import TritonAttentionBackend
 
     gen = torch.Generator().manual_seed(seed)
-    num_blocks = sum(math.ceil((c + q) / block_size) for c, q in zip(ctx_lens, q_lens)) + 3
-    batch, tables = _make_batch(ctx_lens, q_lens, block_size, num_blocks, gen)
-    cfg = AttentionLayerConfig(
-        num_heads, num_kv_heads, head_dim, head_dim**-0.5, block_size, dtype
+    num_blocks = (
+        sum(math.ceil((c + q) / block_size) for c, q in zip(ctx_lens, q_lens, strict=True)) + 3
     )
+    batch, tables = _make_batch(ctx_lens, q_lens, block_size, num_blocks, gen)
+    cfg = AttentionLayerConfig(num_heads, num_kv_heads, head_dim, head_dim**-0.5, block_size, dtype)
     backend = TritonAttentionBackend(cfg)
     shape = backend.kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim)
     cache = torch.randn(shape, generator=gen).to(dtype).to(DEVICE)
     full_k, full_v = [], []
-    for c, q, row in zip(ctx_lens, q_lens, tables):
+    for c, q, row in zip(ctx_lens, q_lens, tables, strict=True):
         k_all = torch.randn(c + q, num_kv_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
         v_all = torch.randn(c + q, num_kv_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
         for pos in range(c):  # the cached prefix is already in the pool
@@ -64,8 +64,8 @@ def _run_case(ctx_lens, q_lens, num_heads, num_kv_heads, head_dim, block_size, d
             cache[1, row[pos // block_size], pos % block_size] = v_all[pos]
         full_k.append(k_all)
         full_v.append(v_all)
-    new_k = torch.cat([k[c:] for k, c in zip(full_k, ctx_lens)])
-    new_v = torch.cat([v[c:] for v, c in zip(full_v, ctx_lens)])
+    new_k = torch.cat([k[c:] for k, c in zip(full_k, ctx_lens, strict=True)])
+    new_v = torch.cat([v[c:] for v, c in zip(full_v, ctx_lens, strict=True)])
     query = torch.randn(batch.num_tokens, num_heads, head_dim, generator=gen).to(dtype)
     query = query.to(DEVICE)
 
@@ -74,7 +74,7 @@ def _run_case(ctx_lens, q_lens, num_heads, num_kv_heads, head_dim, block_size, d
 
     group = num_heads // num_kv_heads
     start = 0
-    for i, (c, q) in enumerate(zip(ctx_lens, q_lens)):
+    for i, (c, q) in enumerate(zip(ctx_lens, q_lens, strict=True)):
         qs = query[start : start + q].float().cpu().transpose(0, 1)  # [H, q, D]
         ks = full_k[i].float().cpu().repeat_interleave(group, 1).transpose(0, 1)
         vs = full_v[i].float().cpu().repeat_interleave(group, 1).transpose(0, 1)

@@ -75,6 +75,10 @@ class AttentionBackend(ABC):
     """
 
     name: ClassVar[str] = ""
+    # True when ``build_metadata`` and ``forward`` do no host work that depends on the
+    # step (no reads of the ``*_cpu`` lists, no syncs), so decode steps can be captured
+    # in CUDA graphs and replayed with new inputs in the same buffers.
+    supports_cuda_graphs: ClassVar[bool] = False
 
     def __init__(self, config: AttentionLayerConfig) -> None:
         self.config = config

@@ -1,0 +1,138 @@
+"""CUDA graphs for decode steps: capture the model once per padded batch size, then replay.
+
+A decode step (one new token per sequence, no prompt logprobs) of ``n`` sequences runs
+the graph of the smallest captured size ``b >= n``. Its inputs are copied into static
+buffers; rows ``n .. b`` are padding that writes nothing (slot -1) and attends to nothing
+(sequence length 0)::
+
+    static rows:   [ r0  r1  ...  r(n-1) | pad ... pad ]     b rows
+    slot_mapping:  [ s0  s1  ...         | -1  ...  -1 ]
+    seq_lens:      [ l0  l1  ...         |  0  ...   0 ]
+
+The graph covers embedding to final norm; logits are computed eagerly on the ``n`` real
+rows, so captured graphs hold only small activations. Only backends that declare
+``supports_cuda_graphs`` (no host work inside ``forward``) are captured.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+from engine_sdk.interfaces.attention import AttentionBatch
+
+if TYPE_CHECKING:
+    from engine.model_executor.inputs import StepInputs
+    from engine.model_executor.runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CudaGraphRunner", "capture_sizes"]
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """Batch sizes to capture: fine steps for small batches, coarser for large ones."""
+    sizes = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128]
+    sizes += list(range(160, 1025, 32))
+    top = max(1, max_num_seqs)
+    out = [s for s in sizes if s < top]
+    return out + [top]
+
+
+class CudaGraphRunner:
+    def __init__(self, runner: ModelRunner, max_num_seqs: int) -> None:
+        self.runner = runner
+        self.device = runner.device
+        self.sizes = capture_sizes(max_num_seqs)
+        max_bs = self.sizes[-1]
+        max_blocks = -(-runner.max_model_len // runner.block_size)
+        dev = self.device
+        self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self.slot_mapping = torch.full((max_bs,), -1, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.zeros(max_bs, dtype=torch.int32, device=dev)
+        self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
+        self.block_tables = torch.zeros(max_bs, max_blocks, dtype=torch.int32, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.pool: object | None = None
+
+    def _batch(self, bs: int) -> AttentionBatch:
+        return AttentionBatch(
+            query_start_loc=self.query_start_loc[: bs + 1],
+            seq_lens=self.seq_lens[:bs],
+            block_tables=self.block_tables[:bs],
+            slot_mapping=self.slot_mapping[:bs],
+            max_query_len=1,
+            max_seq_len=self.runner.max_model_len,
+            num_seqs=bs,
+            num_tokens=bs,
+            query_start_loc_cpu=list(range(bs + 1)),
+            seq_lens_cpu=[0] * bs,
+        )
+
+    def _forward(self, bs: int) -> torch.Tensor:
+        runner = self.runner
+        metadata = runner.attention_backends[0].build_metadata(self._batch(bs))
+        hidden: torch.Tensor = runner.model(
+            self.input_ids[:bs], self.positions[:bs], runner.kv_caches, metadata
+        )
+        return hidden
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        start = time.perf_counter()
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for bs in reversed(self.sizes):  # largest first: later graphs reuse its pool
+                self._forward(bs)  # warm up (Triton compiles, cuBLAS picks kernels)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    out = self._forward(bs)
+                if self.pool is None:
+                    self.pool = graph.pool()
+                self.graphs[bs] = graph
+                self.outputs[bs] = out
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        used = free_before - torch.cuda.mem_get_info(self.device)[0]
+        logger.info(
+            "captured CUDA graphs for %d decode batch sizes (1..%d) in %.1f s, %.0f MiB",
+            len(self.sizes),
+            self.sizes[-1],
+            time.perf_counter() - start,
+            used / 2**20,
+        )
+
+    def can_run(self, inputs: StepInputs) -> bool:
+        batch = inputs.attn_batch
+        return (
+            batch.max_query_len == 1
+            and 0 < batch.num_seqs <= self.sizes[-1]
+            and batch.num_tokens == batch.num_seqs
+            and inputs.num_prompt_rows == 0
+            and len(inputs.sample_requests) == batch.num_seqs
+            and batch.block_tables.shape[1] <= self.block_tables.shape[1]
+        )
+
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """Replay the graph for this decode step; float32 logits [num_seqs, vocab]."""
+        batch = inputs.attn_batch
+        n = batch.num_seqs
+        bs = next(s for s in self.sizes if s >= n)
+        cols = batch.block_tables.shape[1]
+        self.input_ids[:n].copy_(inputs.input_ids, non_blocking=True)
+        self.positions[:n].copy_(inputs.positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(batch.slot_mapping, non_blocking=True)
+        self.seq_lens[:n].copy_(batch.seq_lens, non_blocking=True)
+        self.block_tables[:n, :cols].copy_(batch.block_tables, non_blocking=True)
+        if bs > n:
+            self.slot_mapping[n:bs].fill_(-1)
+            self.seq_lens[n:bs].zero_()
+        self.graphs[bs].replay()
+        # Decode rows are in request order and every request samples: row i is request i.
+        return self.runner.model.compute_logits(self.outputs[bs][:n])
