@@ -90,9 +90,7 @@ def _activation_scheme(group_name: str, acts: Any) -> tuple[str | None, str]:
 
 def _scheme_of_group(group_name: str, group: dict[str, Any]) -> Fp8Scheme:
     weight_strategy, block = _weights_scheme(group_name, group.get("weights"))
-    activation, activation_strategy = _activation_scheme(
-        group_name, group.get("input_activations")
-    )
+    activation, activation_strategy = _activation_scheme(group_name, group.get("input_activations"))
     return Fp8Scheme(
         serialized=True,
         weight_strategy=weight_strategy,

@@ -49,8 +49,10 @@ def _str_list(config: dict[str, Any], key: str) -> list[str]:
 def _block_size(value: Any) -> tuple[int, int] | None:
     if value is None:
         return None
-    if not isinstance(value, list | tuple) or len(value) != 2 or not all(
-        isinstance(v, int) and v > 0 for v in value
+    if (
+        not isinstance(value, list | tuple)
+        or len(value) != 2
+        or not all(isinstance(v, int) and v > 0 for v in value)
     ):
         raise ValueError(
             f"fp8 quantization_config['weight_block_size'] is {value!r}; it must be two "

@@ -130,9 +130,8 @@ def scaled_mm(
     """
     per_tensor = x_scale.numel() == 1 and weight_scale.numel() == 1
     if per_tensor:
-        out = _call_scaled_mm(
-            qx, qweight.t(), x_scale.float().reshape(()), weight_scale.float().reshape(()), out_dtype
-        )
+        sa, sb = x_scale.float().reshape(()), weight_scale.float().reshape(())
+        out = _call_scaled_mm(qx, qweight.t(), sa, sb, out_dtype)
     else:
         num_rows, num_cols = qx.shape[0], qweight.shape[0]
         sa = x_scale.float().reshape(-1, 1).expand(num_rows, 1).contiguous()
