@@ -52,6 +52,32 @@ def _filter_kind(provides: dict[str, list[str]], kind: str | None) -> dict[str, 
     return {k: v for k, v in provides.items() if k == kind}
 
 
+def _capabilities(info: PluginInfo, kind: str | None) -> dict[str, dict[str, Any]]:
+    """kind -> spec name -> declared capabilities (specs that declare any)."""
+    caps: dict[str, dict[str, Any]] = {}
+    for spec_kind, specs in info.specs.items():
+        if kind is not None and spec_kind != kind:
+            continue
+        declared = {spec.name: spec.capabilities() for spec in specs if spec.capabilities()}
+        if declared:
+            caps[spec_kind] = declared
+    return caps
+
+
+def _hardware_text(caps: dict[str, Any]) -> str | None:
+    """``cuda (capability >= 8.9); reference: cpu`` from a spec's devices fields."""
+    devices = caps.get("devices")
+    if not devices:
+        return None
+    text = ", ".join(devices)
+    min_capability = caps.get("min_capability")
+    if min_capability:
+        text += f" (capability >= {min_capability // 10}.{min_capability % 10})"
+    if caps.get("reference_devices"):
+        text += f"; reference: {', '.join(caps['reference_devices'])}"
+    return text
+
+
 def _installed_rows(pm: PluginManager, kind: str | None) -> list[dict[str, Any]]:
     import engine_sdk
 
@@ -62,6 +88,7 @@ def _installed_rows(pm: PluginManager, kind: str | None) -> list[dict[str, Any]]
             continue
         row = info.as_dict()
         row["provides"] = provides
+        row["capabilities"] = _capabilities(info, kind)
         row["sdk"] = _sdk_text(info, engine_sdk.__version__)
         row["known_to_registry"] = _known(info, pm.catalogue)
         rows.append(row)
@@ -98,6 +125,15 @@ def _print_installed(rows: list[dict[str, Any]]) -> None:
         for row in rows
     ]
     typer.echo(_table(headers, table))
+    hardware = [
+        [f"{kind} {name}", text]
+        for row in rows
+        for kind, specs in row["capabilities"].items()
+        for name, caps in specs.items()
+        if kind != "attention_backend" and (text := _hardware_text(caps)) is not None
+    ]
+    if hardware:
+        typer.echo("\n" + _table(["METHOD", "HARDWARE"], hardware))
     for row in rows:
         if row["error"]:
             typer.echo(f"\n{row['name']} failed: {row['error']}")
