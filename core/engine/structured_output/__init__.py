@@ -1,0 +1,41 @@
+"""Structured outputs: constrain sampling to a JSON schema, regex, choice list or grammar.
+
+The grammar engine is a plugin (``structured_output_backend``; ``engine-outlines`` is the
+default). ``StructuredOutputManager`` picks it, compiles constraints off the engine loop
+into a bounded in-memory cache, and turns per-request matchers into the sampler's masks.
+
+Wiring (the API layer, then the runner)::
+
+    manager = StructuredOutputManager(tokenizer, model_vocab_size, pm,
+                                      config=StructuredOutputsConfig(...),
+                                      eos_token_ids=collect_eos_token_ids(...))
+    # API layer, before add_request (a RequestValidationError is a 400):
+    await asyncio.wrap_future(manager.compile_async(params.structured_outputs))
+    # runner, when a constrained request is first scheduled (a cache hit):
+    matchers[req_id] = manager.matcher_for(params.structured_outputs, output_token_ids)
+    # runner, each step: one entry per logits row (None for unconstrained rows)
+    batch.allowed_token_masks = manager.batch_masks([matchers.get(r) for r in rows])
+    # runner, after sampling (rows that produced a token):
+    if not manager.accept_token(matchers[req_id], token_id): ...  # finish with an error
+"""
+
+from engine.structured_output.cache import GrammarCache
+from engine.structured_output.compile_pool import CompileAbandoned, CompilePool, with_deadline
+from engine.structured_output.config import StructuredOutputsConfig
+from engine.structured_output.keys import GrammarKey, grammar_key
+from engine.structured_output.manager import StructuredOutputManager, select_backend
+from engine.structured_output.masks import EosRules, batch_masks
+
+__all__ = [
+    "CompileAbandoned",
+    "CompilePool",
+    "EosRules",
+    "GrammarCache",
+    "GrammarKey",
+    "StructuredOutputManager",
+    "StructuredOutputsConfig",
+    "batch_masks",
+    "grammar_key",
+    "select_backend",
+    "with_deadline",
+]

@@ -1,0 +1,43 @@
+"""``StructuredOutputsConfig``: which grammar backend, and the bounds on compiling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StructuredOutputsConfig:
+    """Settings of the ``StructuredOutputManager`` (``--structured-outputs-config.*``).
+
+    - ``backend``: a ``structured_output_backend`` plugin name, or ``auto`` (highest
+      priority installed).
+    - ``compile_timeout_s``: a constraint not compiled by then fails its request with a
+      400; counted from submission, so time queued behind other compiles counts too.
+    - ``max_cache_entries`` / ``max_cache_bytes``: the in-memory LRU cache of compiled
+      grammars (no disk cache); the byte count uses each grammar's ``num_bytes`` estimate.
+    - ``num_compile_workers``: compile threads; at most this many compiles run at once.
+    - ``max_spec_chars``: longest accepted schema / regex / choice list / grammar text.
+    """
+
+    backend: str = "auto"
+    compile_timeout_s: float = 30.0
+    max_cache_entries: int = 256
+    max_cache_bytes: int = 512 << 20
+    num_compile_workers: int = 2
+    max_spec_chars: int = 64 << 10
+
+    def __post_init__(self) -> None:
+        checks = {
+            "compile_timeout_s": self.compile_timeout_s > 0,
+            "max_cache_entries": self.max_cache_entries >= 0,
+            "max_cache_bytes": self.max_cache_bytes >= 0,
+            "num_compile_workers": self.num_compile_workers >= 1,
+            "max_spec_chars": self.max_spec_chars >= 1,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(
+                    f"structured_outputs_config.{name} is out of range: "
+                    f"{getattr(self, name)!r} (timeouts and workers must be positive, "
+                    "sizes non-negative)"
+                )

@@ -1,0 +1,253 @@
+"""``StructuredOutputManager``: one grammar backend, its compile cache and the per-step masks.
+
+The API layer compiles a request's constraint before the request enters the engine
+(``compile_async``: off the loop, with a deadline; errors are ``RequestValidationError``,
+HTTP 400). The runner then keeps one matcher per constrained request (``matcher_for``, a
+cache hit), asks for the batch's masks each step (``batch_masks``) and feeds back each
+sampled token (``accept_token``). See ``engine.structured_output`` for the wiring.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from engine_sdk.interfaces.structured_output import (
+    CompiledGrammar,
+    GrammarMatcher,
+    StructuredOutputBackend,
+)
+from engine_sdk.specs import StructuredOutputBackendSpec
+
+from engine.errors import RequestValidationError, StartupError
+from engine.plugins.errors import PluginError
+from engine.sampling_params import StructuredOutputsParams
+from engine.structured_output.cache import GrammarCache
+from engine.structured_output.compile_pool import CompilePool, with_deadline
+from engine.structured_output.config import StructuredOutputsConfig
+from engine.structured_output.keys import GrammarKey, grammar_key
+from engine.structured_output.masks import EosRules, batch_masks
+
+KIND = StructuredOutputBackendSpec.kind
+
+
+def select_backend(registry: Any, name: str) -> StructuredOutputBackendSpec:
+    """The spec named ``name``, or the highest-priority one for ``auto``."""
+    specs = [s for s in registry.specs(KIND) if isinstance(s, StructuredOutputBackendSpec)]
+    if not specs:
+        raise StartupError(
+            "no structured output backend is installed; pip install engine-outlines "
+            "(or another plugin registering a structured_output_backend)"
+        )
+    if name == "auto":
+        return sorted(specs, key=lambda s: (-s.priority, s.name))[0]
+    for spec in specs:
+        if spec.name == name:
+            return spec
+    installed = ", ".join(sorted(s.name for s in specs))
+    raise StartupError(
+        f"structured output backend {name!r} is not installed; installed: {installed}. "
+        "Set structured_outputs_config.backend to one of them or to auto"
+    )
+
+
+def _completed(result: Any = None, error: BaseException | None = None) -> Future[Any]:
+    future: Future[Any] = Future()
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+    return future
+
+
+@dataclass
+class _InFlight:
+    """A compile in progress and the callers' deadline futures waiting on it."""
+
+    inner: Future[CompiledGrammar] | None = None
+    waiters: list[Future[CompiledGrammar]] = field(default_factory=list)
+
+
+class StructuredOutputManager:
+    """Compiles constraints (cached, off-thread, with a deadline) and builds token masks."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        pm: Any,
+        backend_name: str | None = None,
+        *,
+        config: StructuredOutputsConfig | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> None:
+        self.config = config or StructuredOutputsConfig()
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.spec = select_backend(pm.registry, backend_name or self.config.backend)
+        try:
+            self._backend_cls: type[StructuredOutputBackend] = pm.registry.resolve(
+                KIND, self.spec.name
+            )
+        except PluginError as exc:
+            raise StartupError(str(exc)) from exc
+        tokenizer_eos = getattr(tokenizer, "eos_token_id", None)
+        eos_ids = list(eos_token_ids or [])
+        if tokenizer_eos is not None:
+            eos_ids.append(int(tokenizer_eos))
+        self.eos_rules = EosRules(eos_ids)
+        self.cache = GrammarCache(self.config.max_cache_entries, self.config.max_cache_bytes)
+        self._pool = CompilePool(self.config.num_compile_workers)
+        self._lock = threading.RLock()
+        self._in_flight: dict[GrammarKey, _InFlight] = {}
+        self._backend: StructuredOutputBackend | None = None
+        self._backend_error: BaseException | None = None
+        self._backend_lock = threading.Lock()
+
+    @property
+    def backend_name(self) -> str:
+        return self.spec.name
+
+    # -- the backend (built on first use, in a compile thread) ----------------------------
+
+    def _get_backend(self) -> StructuredOutputBackend:
+        with self._backend_lock:
+            if self._backend is None and self._backend_error is None:
+                try:
+                    self._backend = self._backend_cls(self.tokenizer, self.vocab_size)
+                except Exception as exc:
+                    self._backend_error = exc
+            if self._backend_error is not None:
+                raise StartupError(
+                    f"structured output backend {self.spec.name!r} cannot start for this "
+                    f"model: {type(self._backend_error).__name__}: {self._backend_error}"
+                ) from self._backend_error
+            assert self._backend is not None
+            return self._backend
+
+    def warmup(self) -> Future[None]:
+        """Build the backend (its vocabulary) in a compile thread now, not on first use."""
+
+        def build() -> None:
+            self._get_backend()
+
+        return self._pool.submit(build)
+
+    # -- compiling --------------------------------------------------------------------------
+
+    def compile_async(
+        self, params: StructuredOutputsParams, timeout_s: float | None = None
+    ) -> Future[CompiledGrammar]:
+        """A future of the compiled constraint; never blocks and never raises.
+
+        The future fails with ``RequestValidationError`` for an invalid constraint or when
+        compiling takes longer than ``timeout_s`` (default ``config.compile_timeout_s``).
+        """
+        timeout = self.config.compile_timeout_s if timeout_s is None else timeout_s
+        try:
+            key = grammar_key(params, self.config.max_spec_chars)
+        except RequestValidationError as exc:
+            return _completed(error=exc)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return _completed(cached)
+        with self._lock:
+            flight = self._in_flight.get(key)
+            if flight is None:
+                flight = _InFlight()
+                self._in_flight[key] = flight
+                flight.inner = self._pool.submit(
+                    lambda: self._compile_now(key), lambda: self._claim(key, flight)
+                )
+                flight.inner.add_done_callback(lambda _: self._forget(key, flight))
+            assert flight.inner is not None
+            outer = with_deadline(flight.inner, timeout, lambda: _timeout_error(key, timeout))
+            flight.waiters.append(outer)
+        return outer
+
+    def compile(
+        self, params: StructuredOutputsParams, timeout_s: float | None = None
+    ) -> CompiledGrammar:
+        """``compile_async(...).result()``: blocks the caller (not for the engine loop)."""
+        return self.compile_async(params, timeout_s).result()
+
+    def _compile_now(self, key: GrammarKey) -> CompiledGrammar:
+        backend = self._get_backend()
+        try:
+            grammar = backend.compile(key.kind, key.backend_spec())
+        except (ValueError, TypeError) as exc:
+            raise RequestValidationError(f"structured_outputs.{key.kind}: {exc}") from exc
+        self.cache.put(key, grammar)
+        return grammar
+
+    def _claim(self, key: GrammarKey, flight: _InFlight) -> bool:
+        """Run the queued compile unless every caller already gave up on it."""
+        with self._lock:
+            if flight.waiters and all(w.done() for w in flight.waiters):
+                if self._in_flight.get(key) is flight:
+                    del self._in_flight[key]
+                return False
+            return True
+
+    def _forget(self, key: GrammarKey, flight: _InFlight) -> None:
+        with self._lock:
+            if self._in_flight.get(key) is flight:
+                del self._in_flight[key]
+
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    # -- per-request state and per-step masks ---------------------------------------------
+
+    def new_matcher(self, compiled: CompiledGrammar) -> GrammarMatcher:
+        return compiled.new_matcher()
+
+    def matcher_for(
+        self, params: StructuredOutputsParams, token_ids: Sequence[int] = ()
+    ) -> GrammarMatcher:
+        """A matcher for ``params`` advanced over ``token_ids`` (already generated tokens,
+        e.g. after preemption). Compiles synchronously on a cache miss."""
+        matcher = self.new_matcher(self.compile(params))
+        for i, token_id in enumerate(token_ids):
+            if not self.accept_token(matcher, token_id):
+                raise RequestValidationError(
+                    f"structured_outputs: token {token_id} at output position {i} does not "
+                    "fit the constraint"
+                )
+        return matcher
+
+    def accept_token(self, matcher: GrammarMatcher, token_id: int) -> bool:
+        """Advance ``matcher`` by a sampled token. An EOS id is accepted where the grammar
+        may end and does not advance the backend (the request finishes on it)."""
+        if self.eos_rules.is_eos(token_id):
+            if matcher.is_terminated():
+                return True
+            mask = matcher.allowed_token_ids()
+            return mask is None or self.eos_rules.may_end(mask) or not bool(mask.any())
+        return matcher.accept_token(token_id)
+
+    def batch_masks(
+        self,
+        matchers: Sequence[GrammarMatcher | None],
+        vocab_size: int | None = None,
+        device: torch.device | str = "cpu",
+    ) -> list[torch.Tensor | None]:
+        """Bool ``[vocab_size]`` per row (``None``: unconstrained) for
+        ``SamplingBatch.allowed_token_masks``; keep ``device="cpu"``: the sampler copies
+        the whole batch to the GPU at once."""
+        return batch_masks(matchers, vocab_size or self.vocab_size, self.eos_rules, device)
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _timeout_error(key: GrammarKey, timeout_s: float) -> RequestValidationError:
+    return RequestValidationError(
+        f"structured_outputs.{key.kind}: grammar compilation exceeded {timeout_s:g} s; "
+        "simplify the constraint (fewer optional fields or alternatives, bounded "
+        "repetitions) or raise structured_outputs_config.compile_timeout_s"
+    )

@@ -1,0 +1,117 @@
+"""A compiled outlines-core index and the per-request matchers that walk it.
+
+The index is shared read-only by every request with the same constraint. Each matcher
+owns an outlines-core ``Guide`` (a cursor: one state id). The allowed-token mask of a state
+is built once from the guide's packed bitmask (one bit per token id, written by
+outlines-core in Rust) and unpacked with numpy; the grammar keeps the masks of its most
+recently used states, so a step usually costs a dict lookup::
+
+    guide.write_mask_into -> uint32 words [ceil(V / 32)] -> unpackbits (little) -> bool [V]
+                             bit (id % 32) of word (id // 32) is token id
+
+Masks handed out are shared: callers must not write to them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from engine_sdk.interfaces.structured_output import CompiledGrammar, GrammarMatcher
+
+# Per-grammar mask cache: at most this many bytes of bool masks, and this many states.
+MASK_CACHE_BYTES = 4 << 20
+MAX_CACHED_STATES = 1024
+# The in-memory index is about this many times its serialized (bincode) size.
+INDEX_MEMORY_FACTOR = 2
+
+
+class StateMask(NamedTuple):
+    allowed: torch.Tensor  # bool [vocab_size]; shares memory with ``bits``
+    bits: np.ndarray  # the same mask as numpy, for cheap single-token checks
+    terminated: bool  # final state with no way to go on: only EOS is allowed
+
+
+class OutlinesGrammar(CompiledGrammar):
+    """One constraint compiled to an outlines-core ``Index`` for one vocabulary."""
+
+    def __init__(self, index: Any, vocab_size: int, eos_token_id: int, regex: str) -> None:
+        self.index = index
+        self.regex = regex
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self._num_words = (vocab_size + 31) // 32
+        self._max_states = max(4, min(MAX_CACHED_STATES, MASK_CACHE_BYTES // vocab_size))
+        self._masks: OrderedDict[int, StateMask] = OrderedDict()
+        self._lock = threading.Lock()
+        eos_only = np.zeros(vocab_size, dtype=np.bool_)
+        eos_only[eos_token_id] = True
+        self.eos_only = StateMask(torch.from_numpy(eos_only), eos_only, True)
+        serialized = index.__reduce__()[1][0]
+        self.num_bytes = (
+            INDEX_MEMORY_FACTOR * len(serialized) + self._max_states * vocab_size + len(regex)
+        )
+
+    def new_matcher(self) -> OutlinesMatcher:
+        return OutlinesMatcher(self)
+
+    def state_mask(self, guide: Any) -> StateMask:
+        """The mask of the guide's current state, from the cache or built now."""
+        state = guide.get_state()
+        with self._lock:
+            cached = self._masks.get(state)
+            if cached is not None:
+                self._masks.move_to_end(state)
+                return cached
+        mask = self._build_mask(guide, state)
+        with self._lock:
+            self._masks[state] = mask
+            while len(self._masks) > self._max_states:
+                self._masks.popitem(last=False)
+        return mask
+
+    def _build_mask(self, guide: Any, state: int) -> StateMask:
+        words = np.zeros(self._num_words, dtype=np.uint32)
+        guide.write_mask_into(words.ctypes.data, self._num_words, 4)
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: self.vocab_size]
+        bits = bits.view(np.bool_)
+        terminated = bool(self.index.is_final_state(state)) and int(bits.sum()) == 1
+        return StateMask(torch.from_numpy(bits), bits, terminated)
+
+    def num_cached_states(self) -> int:
+        return len(self._masks)
+
+
+class OutlinesMatcher(GrammarMatcher):
+    """One request's cursor in an ``OutlinesGrammar``; EOS ends it (never fed to outlines)."""
+
+    def __init__(self, grammar: OutlinesGrammar) -> None:
+        from outlines_core import Guide
+
+        self.grammar = grammar
+        self._guide = Guide(grammar.index, 0)
+        self._ended = False
+
+    def _mask(self) -> StateMask:
+        return self.grammar.eos_only if self._ended else self.grammar.state_mask(self._guide)
+
+    def allowed_token_ids(self) -> torch.Tensor:
+        return self._mask().allowed
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._ended:
+            return False
+        mask = self._mask()
+        if not 0 <= token_id < self.grammar.vocab_size or not mask.bits[token_id]:
+            return False
+        if token_id == self.grammar.eos_token_id:
+            self._ended = True
+        else:
+            self._guide.advance(token_id, False)
+        return True
+
+    def is_terminated(self) -> bool:
+        return self._ended or self._mask().terminated
