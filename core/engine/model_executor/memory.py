@@ -4,7 +4,7 @@ GPU: the engine may use ``gpu_memory_utilization`` x total device memory. What i
 after the weights, the peak activations of a profiling forward of
 ``max_num_batched_tokens`` tokens and non-torch memory (CUDA context, ...) becomes KV
 cache, unless ``--kv-cache-memory-bytes`` sets the cache size directly. CPU: the cache
-size is ``--kv-cache-memory-bytes``, by default min(4 GiB, 25% of RAM), capped at what
+size is ``--kv-cache-memory-bytes``, by default min(1 GiB, 25% of RAM), capped at what
 ``max_num_seqs`` full-length requests can use.
 
 The three startup errors, each naming its numbers and the flags to change:
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 GiB = 1 << 30
-_CPU_DEFAULT_CAP = 4 * GiB
+_CPU_DEFAULT_CAP = 1 * GiB
 
 
 def format_bytes(num_bytes: float) -> str:
@@ -222,7 +222,7 @@ def plan_gpu_kv_cache(
 
 
 def default_cpu_kv_cache_bytes() -> int:
-    """min(4 GiB, 25% of physical memory)."""
+    """min(1 GiB, 25% of physical memory)."""
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -249,7 +249,7 @@ def plan_cpu_kv_cache(
         num_blocks = min(budget // bytes_per_block, max_num_seqs * blocks_per_request)
         detail = f"the default CPU KV cache budget is {budget} bytes"
         logger.info(
-            "CPU KV cache: %s by default (min(4 GiB, 25%% of RAM), at most %d full "
+            "CPU KV cache: %s by default (min(1 GiB, 25%% of RAM), at most %d full "
             "requests); set --kv-cache-memory-bytes to change it",
             format_bytes(num_blocks * bytes_per_block),
             max_num_seqs,
