@@ -55,7 +55,8 @@ def build_hf_config(gf: GGUFFile) -> transformers.PretrainedConfig:
         **_bias_flags(gf, arch),
     )
     config_class = getattr(transformers, arch.config_class)
-    return config_class(**kwargs)
+    config: transformers.PretrainedConfig = config_class(**kwargs)
+    return config
 
 
 def _uniform(gf: GGUFFile, suffix: str, default: int | None = None) -> int:

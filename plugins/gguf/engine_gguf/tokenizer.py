@@ -31,8 +31,10 @@ def load_gguf_tokenizer(gf: GGUFFile) -> transformers.PreTrainedTokenizerFast:
         )
     path = Path(gf.path)
     try:
-        tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(
-            str(path.parent), gguf_file=path.name, local_files_only=True
+        tokenizer: transformers.PreTrainedTokenizerFast = (
+            transformers.PreTrainedTokenizerFast.from_pretrained(
+                str(path.parent), gguf_file=path.name, local_files_only=True
+            )
         )
     except (ValueError, KeyError, NotImplementedError) as e:
         model = gf.get("tokenizer.ggml.model")
