@@ -94,7 +94,7 @@ class ServerProcess:
 
 
 def real_engine_available() -> bool:
-    modules = ("engine.async_llm", "engine.model_executor.model_runner")
+    modules = ("engine.async_llm", "engine.model_executor.runner")
     try:
         return all(importlib.util.find_spec(m) is not None for m in modules)
     except ModuleNotFoundError:

@@ -8,7 +8,9 @@ starts in the returned text.
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,12 +23,31 @@ from engine.entrypoints.openai.protocol import (
 )
 
 
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2 byte-level BPE: the printable stand-in character of each byte -> the byte."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 256))
+    chars = keep[:]
+    extra = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
+
+
 class TokenText:
-    """Token id -> text, cached per request (tokenizers decode one id slowly)."""
+    """Token id -> text and raw bytes, cached per request (decoding one id is slow).
+
+    A token can hold part of a UTF-8 character; its text then shows U+FFFD, while its
+    bytes are the real ones (from the byte-level piece or a SentencePiece ``<0xNN>``).
+    """
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._cache: dict[int, str] = {}
+        self._bytes: dict[int, bytes] = {}
 
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
@@ -34,6 +55,27 @@ class TokenText:
             text = self.tokenizer.decode([token_id])
             self._cache[token_id] = text
         return text
+
+    def bytes_of(self, token_id: int) -> list[int]:
+        raw = self._bytes.get(token_id)
+        if raw is None:
+            raw = self._raw_bytes(token_id)
+            self._bytes[token_id] = raw
+        return list(raw)
+
+    def _raw_bytes(self, token_id: int) -> bytes:
+        text = self(token_id)
+        if "\ufffd" not in text:
+            return text.encode()
+        piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str):
+            match = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+            if match:
+                return bytes([int(match.group(1), 16)])
+            decoder = _byte_decoder()
+            if piece and all(c in decoder for c in piece):
+                return bytes(decoder[c] for c in piece)
+        return text.encode()
 
 
 def _finite(value: float) -> float:
@@ -46,14 +88,14 @@ def chat_logprobs(entries: Sequence[Logprobs], text_of: TokenText, num_top: int)
     for lp in entries:
         token = text_of(lp.token_id)
         tops = [
-            TopLogprob(token=text_of(tid), logprob=_finite(v), bytes=list(text_of(tid).encode()))
+            TopLogprob(token=text_of(tid), logprob=_finite(v), bytes=text_of.bytes_of(tid))
             for tid, v in list(zip(lp.top_token_ids, lp.top_logprobs, strict=False))[:num_top]
         ]
         content.append(
             ChatTokenLogprob(
                 token=token,
                 logprob=_finite(lp.logprob),
-                bytes=list(token.encode()),
+                bytes=text_of.bytes_of(lp.token_id),
                 top_logprobs=tops,
             )
         )
