@@ -151,3 +151,36 @@ def test_cors_only_when_allowed(make_fake_server: Any) -> None:
     assert pre.headers.get("access-control-allow-origin") == "https://app.example"
     other = httpx.get(srv.base_url + "/v1/models", headers={"Origin": "https://evil.example"})
     assert "access-control-allow-origin" not in other.headers
+
+
+def test_real_engine_sigterm_aborts_and_exits_0(tmp_path: Any) -> None:
+    """The real engine: SIGTERM with --shutdown-timeout 0 ends a long stream with abort."""
+    from conftest import REAL_SERVER_FLAGS, ServerProcess, engine_cli, free_port
+    from conftest import real_engine_available as available
+
+    if not available():
+        pytest.skip("the real engine is not there yet")
+    from engine_sdk.testing.models import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny", "Qwen3ForCausalLM")
+    port = free_port()
+    cmd = [*engine_cli(), "serve", str(model), "--port", str(port), *REAL_SERVER_FLAGS]
+    srv = ServerProcess([*cmd, "--shutdown-timeout", "0"], port).start()
+    try:
+        events: list[dict[str, Any] | str] = []
+        body = {
+            "model": "tiny", "prompt": "Hello", "max_tokens": 240, "stream": True,
+            "ignore_eos": True,
+        }  # fmt: skip
+        t = threading.Thread(
+            target=stream_events, args=(srv.base_url + "/v1/completions", body, events)
+        )
+        t.start()
+        wait_for(lambda: len(events) >= 3)
+        srv.proc.send_signal(signal.SIGTERM)
+        t.join(30)
+        assert events[-1] == "[DONE]"
+        assert finish_reasons(events) == ["abort"]
+        assert srv.proc.wait(30) == 0
+    finally:
+        srv.stop()
