@@ -42,7 +42,7 @@ def _engine_from_args(argv: list[str]) -> Any:
 
 
 def _vocab_size(llm: Any) -> int:
-    return int(llm.llm_engine.vocab_size)
+    return int(llm.engine.vocab_size)
 
 
 def _finish(kind: str, result: dict[str, Any], save_result: str | None) -> None:
