@@ -266,6 +266,7 @@ class LLMEngine:
 
 
 def _make_runner(args: EngineArgs, pm: Any, source: Any) -> Any:
-    from engine.model_executor.runner import ModelRunner
+    """The ``ModelRunner`` itself, or worker processes for ``--tensor-parallel-size`` > 1."""
+    from engine.executor import build_executor
 
-    return ModelRunner(args, pm, source)
+    return build_executor(args, pm, source)

@@ -24,6 +24,15 @@ from engine_sdk.layers.attention import Attention
 from engine_sdk.layers.embedding import LMHead, VocabEmbedding
 from engine_sdk.layers.linear import Linear
 from engine_sdk.layers.norm import RMSNorm
+from engine_sdk.layers.parallel import (
+    ColumnParallelLinear,
+    ParallelGatedMLP,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    current_tensor_parallel,
+    shard_attention_heads,
+)
 from engine_sdk.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters_from_config
 
 __all__ = ["DecoderForCausalLM", "DecoderOptions", "head_dim_of"]
@@ -70,10 +79,32 @@ class DecoderAttention(torch.nn.Module):
         bias = _flag(options.attention_bias, cfg, "attention_bias")
         hidden, q_size = int(cfg.hidden_size), self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
-        self.q_proj = Linear(hidden, q_size, bias, quant, f"{prefix}.q_proj", dtype)
-        self.k_proj = Linear(hidden, kv_size, bias, quant, f"{prefix}.k_proj", dtype)
-        self.v_proj = Linear(hidden, kv_size, bias, quant, f"{prefix}.v_proj", dtype)
-        self.o_proj = Linear(q_size, hidden, bias, quant, f"{prefix}.o_proj", dtype)
+        tp = current_tensor_parallel()
+        if tp is None:
+            self.q_proj = Linear(hidden, q_size, bias, quant, f"{prefix}.q_proj", dtype)
+            self.k_proj = Linear(hidden, kv_size, bias, quant, f"{prefix}.k_proj", dtype)
+            self.v_proj = Linear(hidden, kv_size, bias, quant, f"{prefix}.v_proj", dtype)
+            self.o_proj = Linear(q_size, hidden, bias, quant, f"{prefix}.o_proj", dtype)
+        else:  # this rank's heads: q/k/v column-parallel, o_proj row-parallel
+            shards = shard_attention_heads(self.num_heads, self.num_kv_heads, tp)
+            self.num_heads, self.num_kv_heads = shards.num_heads, shards.num_kv_heads
+            kv = {
+                "tp": tp,
+                "shard_index": shards.kv_shard_index,
+                "num_shards": shards.num_kv_shards,
+            }
+            self.q_proj = ColumnParallelLinear(
+                hidden, q_size, bias, quant, f"{prefix}.q_proj", dtype, tp=tp
+            )
+            self.k_proj = ColumnParallelLinear(
+                hidden, kv_size, bias, quant, f"{prefix}.k_proj", dtype, **kv
+            )
+            self.v_proj = ColumnParallelLinear(
+                hidden, kv_size, bias, quant, f"{prefix}.v_proj", dtype, **kv
+            )
+            self.o_proj = RowParallelLinear(
+                q_size, hidden, bias, quant, f"{prefix}.o_proj", dtype, tp=tp
+            )
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if options.qk_norm:
@@ -113,7 +144,8 @@ class DecoderLayer(torch.nn.Module):
         super().__init__()
         cfg, dtype = ctx.hf_config, ctx.dtype
         self.self_attn = DecoderAttention(ctx, options, layer_idx, f"{prefix}.self_attn")
-        self.mlp = GatedMLP(
+        tp = current_tensor_parallel()
+        mlp_args = (
             int(cfg.hidden_size),
             int(cfg.intermediate_size),
             getattr(cfg, "hidden_act", "silu"),
@@ -121,6 +153,9 @@ class DecoderLayer(torch.nn.Module):
             ctx.quant_config,
             f"{prefix}.mlp",
             dtype,
+        )
+        self.mlp: GatedMLP | ParallelGatedMLP = (
+            GatedMLP(*mlp_args) if tp is None else ParallelGatedMLP(*mlp_args, tp=tp)
         )
         self.input_layernorm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
@@ -146,7 +181,15 @@ class DecoderModel(torch.nn.Module):
         super().__init__()
         cfg, dtype = ctx.hf_config, ctx.dtype
         self.dtype = dtype
-        self.embed_tokens = VocabEmbedding(int(cfg.vocab_size), int(cfg.hidden_size), dtype)
+        tp = current_tensor_parallel()
+        vocab, hidden = int(cfg.vocab_size), int(cfg.hidden_size)
+        self.embed_tokens = (
+            VocabEmbedding(vocab, hidden, dtype)
+            if tp is None
+            else VocabParallelEmbedding(
+                vocab, hidden, dtype, tp=tp, prefix=f"{prefix}.embed_tokens"
+            )
+        )
         self.layers = torch.nn.ModuleList(
             DecoderLayer(ctx, options, i, f"{prefix}.layers.{i}")
             for i in range(int(cfg.num_hidden_layers))
@@ -173,12 +216,20 @@ class DecoderForCausalLM(ModelArchitecture):
     """A Llama-style causal LM; subclasses set ``architectures`` and ``options``."""
 
     options: ClassVar[DecoderOptions] = DecoderOptions()
+    # Builds per-rank shards inside ``engine_sdk.layers.parallel.tensor_parallel``.
+    supports_tensor_parallel: ClassVar[bool] = True
 
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__(ctx)
         cfg = ctx.hf_config
         self.model = DecoderModel(ctx, self.options, "model")
-        self.lm_head = LMHead(int(cfg.vocab_size), int(cfg.hidden_size), ctx.dtype)
+        tp = current_tensor_parallel()
+        vocab, hidden = int(cfg.vocab_size), int(cfg.hidden_size)
+        self.lm_head = (
+            LMHead(vocab, hidden, ctx.dtype)
+            if tp is None
+            else ParallelLMHead(vocab, hidden, ctx.dtype, tp=tp)
+        )
         if getattr(cfg, "tie_word_embeddings", False):
             self.lm_head.tie(self.model.embed_tokens)
 

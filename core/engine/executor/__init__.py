@@ -1,0 +1,29 @@
+"""Executors: what runs the model for the engine core, in this process or in workers.
+
+``build_executor`` returns the plain ``ModelRunner`` for ``--tensor-parallel-size 1`` (no
+extra layer, no extra process) and a ``MultiprocExecutor`` with one worker process per
+rank otherwise. Both have ``execute(SchedulerOutput) -> ModelRunnerOutput`` and the
+``num_blocks``, ``block_size``, ``max_model_len`` and ``vocab_size`` the engine reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.config import EngineArgs
+
+__all__ = ["build_executor"]
+
+
+def build_executor(args: EngineArgs, pm: Any, source: Any) -> Any:
+    """The runner of ``args``: in-process for one rank, worker processes for more."""
+    from engine.executor.validation import check_tensor_parallel
+
+    check_tensor_parallel(args, pm, source.hf_config)
+    if args.tensor_parallel_size == 1:
+        from engine.model_executor.runner import ModelRunner
+
+        return ModelRunner(args, pm, source)
+    from engine.executor.multiproc import MultiprocExecutor
+
+    return MultiprocExecutor(args, pm, source)
