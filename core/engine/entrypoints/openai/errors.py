@@ -94,19 +94,31 @@ def describe_validation_errors(errors: list[Any]) -> tuple[str, str | None]:
     parts = []
     first_param: str | None = None
     for err in errors:
-        loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+        raw_loc = [p for p in err.get("loc", ()) if p != "body"]
         if err.get("type") == "json_invalid":
             ctx = err.get("ctx", {}) or {}
             detail = ctx.get("error", err.get("msg", ""))
             return f"Malformed JSON body: {detail}. Send a valid JSON object.", None
         # A union reports one entry per member type; the field name is enough.
-        loc = [p for p in loc if not _looks_like_type_tag(p)]
-        field = ".".join(loc) if loc else "body"
+        field = _field_path([p for p in raw_loc if not _looks_like_type_tag(str(p))])
         if first_param is None:
             first_param = field
+        if field == "body":
+            parts.append(
+                "the request body must be a JSON object (send Content-Type: application/json)"
+            )
+            continue
         parts.append(f"{field}: {err.get('msg', 'invalid value')}")
     unique = list(dict.fromkeys(parts))
     return "Invalid request: " + "; ".join(unique[:5]), first_param
+
+
+def _field_path(loc: list[Any]) -> str:
+    """``["messages", 0, "role"]`` -> ``messages[0].role``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
 
 
 def _looks_like_type_tag(part: str) -> bool:

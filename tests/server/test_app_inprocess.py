@@ -1,0 +1,101 @@
+"""The app in-process (no sockets) over the stand-in engine: validation messages, per-app
+metric registries, request ids, warnings once."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine.entrypoints.openai.api_server import build_app
+from engine.entrypoints.openai.metrics import ServerMetrics
+from engine.entrypoints.openai.serving_base import ServingContext
+from engine.server_config import ServerArgs
+from fake_engine import FakeAsyncLLM, FakeEngineConfig
+from fastapi.testclient import TestClient
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from engine_sdk.testing.models import build_tiny_tokenizer
+
+    return build_tiny_tokenizer(Path(tmp_path_factory.mktemp("tok")))
+
+
+def make_client(tokenizer: Any, **server: Any) -> TestClient:
+    engine = FakeAsyncLLM(tokenizer, FakeEngineConfig(step_s=0.001))
+    ctx = ServingContext(engine, ["fake"], ServerMetrics("fake", engine.stats))
+    return TestClient(build_app(ctx, ServerArgs(log_stats_interval=0, **server)))
+
+
+@pytest.mark.parametrize(
+    "body,content_type,needle,param",
+    [
+        ("null", "application/json", "must be a JSON object", "body"),
+        ('{"model": "fake", "prompt": "hi"}', "text/plain", "must be a JSON object", "body"),
+        ('{"model": "fake", "messages": [{"content": "x"}]}', "application/json",
+         "messages[0].role", "messages[0].role"),
+        ('{"model": "fake", "prompt": "hi", "stream_options": 5}', "application/json",
+         "stream_options", "stream_options"),
+        ('{"model": "fake", "prompt": "hi", "max_tokens": 1.5}', "application/json",
+         "max_tokens", "max_tokens"),
+    ],
+)  # fmt: skip
+def test_validation_messages(
+    tokenizer: Any, body: str, content_type: str, needle: str, param: str
+) -> None:
+    client = make_client(tokenizer)
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    r = client.post(path, content=body, headers={"content-type": content_type})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert needle in err["message"] and err["param"] == param
+
+
+def test_image_parts_rejected_by_name(tokenizer: Any) -> None:
+    client = make_client(tokenizer)
+    content = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}]
+    body = {"model": "fake", "messages": [{"role": "user", "content": content}]}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and "messages[0].content[1]" in r.json()["error"]["message"]
+    body["messages"][0]["content"] = content[:1]
+    assert client.post("/v1/chat/completions", json={**body, "max_tokens": 2}).status_code == 200
+
+
+def test_two_apps_have_separate_registries(tokenizer: Any) -> None:
+    a, b = make_client(tokenizer), make_client(tokenizer)
+    body = {"model": "fake", "prompt": "hi", "max_tokens": 3}
+    assert a.post("/v1/completions", json=body).status_code == 200
+    name = "engine:generation_tokens_total"
+    line_a = [x for x in a.get("/metrics").text.splitlines() if x.startswith(name)]
+    line_b = [x for x in b.get("/metrics").text.splitlines() if x.startswith(name)]
+    assert line_a == ['engine:generation_tokens_total{model_name="fake"} 3.0']
+    assert line_b == ['engine:generation_tokens_total{model_name="fake"} 0.0']
+
+
+def test_bad_request_id_header_replaced(tokenizer: Any) -> None:
+    client = make_client(tokenizer)
+    r = client.get("/v1/models", headers={"X-Request-Id": "bad id\twith spaces"})
+    assert (
+        r.headers["x-request-id"] != "bad id\twith spaces" and len(r.headers["x-request-id"]) == 32
+    )
+
+
+def test_unknown_fields_warned_once(tokenizer: Any, caplog: pytest.LogCaptureFixture) -> None:
+    client = make_client(tokenizer)
+    body = {"model": "fake", "prompt": "hi", "max_tokens": 2, "logit_bias": {"1": 5}}
+    with caplog.at_level(logging.WARNING, logger="engine.server"):
+        for _ in range(3):
+            assert client.post("/v1/completions", json=body).status_code == 200
+    warnings = [r for r in caplog.records if "logit_bias" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_docs_hidden_with_api_key(tokenizer: Any) -> None:
+    assert make_client(tokenizer).get("/openapi.json").status_code == 200
+    keyed = make_client(tokenizer, api_key="k")
+    assert keyed.get("/openapi.json").status_code in (401, 404)
+    assert keyed.get("/docs").status_code in (401, 404)
