@@ -137,3 +137,8 @@ def test_server_args_defaults() -> None:
     assert (s.host, s.port, s.allowed_origins, s.metrics_without_auth) == (
         "127.0.0.1", 8000, [], False
     )  # fmt: skip
+
+
+def test_unknown_flag_suggests() -> None:
+    with pytest.raises(UsageError, match=r"'--max-num-seq' \(did you mean --max-num-seqs"):
+        parse_serve_args(["--max-num-seq", "4"])

@@ -224,7 +224,10 @@ def parse_serve_args(argv: list[str]) -> ParsedServeArgs | str:
     """Parse argv; returns the help text instead when ``--help`` was asked for."""
     specs = flag_specs()
     parser = build_parser(specs)
-    ns = vars(parser.parse_args(argv))
+    known, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise UsageError(_unknown_flags_message(unknown, specs))
+    ns = vars(known)
     if "help" in ns:
         return render_help(specs, ns["help"] or "")
     cli: dict[str, Any] = {k: v for k, v in ns.items() if k != "model_positional"}
@@ -247,6 +250,16 @@ def parse_serve_args(argv: list[str]) -> ParsedServeArgs | str:
         server_args=ServerArgs(**server_kwargs),
         from_command_line=set(cli),
     )
+
+
+def _unknown_flags_message(unknown: list[str], specs: list[FlagSpec]) -> str:
+    flags = [s.flag for s in specs] + [f"--no-{s.flag[2:]}" for s in specs if s.kind == "bool"]
+    hints = []
+    for arg in unknown:
+        name = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(name, flags, n=2) if name.startswith("--") else []
+        hints.append(repr(arg) + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+    return f"unknown argument(s): {', '.join(hints)}; see engine serve --help"
 
 
 def _flag_line(spec: FlagSpec) -> str:
