@@ -185,6 +185,12 @@ def main() -> None:
 
     if "correctness" in parts:
         results["correctness"] = part_correctness(out, qwen)
+    if "profile" in parts:
+        run(
+            [sys.executable, "benchmarks/profile_step.py", "--model", str(qwen), "--out", str(out)],
+            out / "profile_step.log",
+            600,
+        )
     if "hf" in parts:
         results["hf"] = part_hf(out, qwen)
     if "w1" in parts:
