@@ -21,8 +21,7 @@ __all__ = ["check_main_guard", "check_tensor_parallel"]
 
 MAIN_GUARD_HINT = (
     "tensor parallelism starts one worker process per rank with the 'spawn' method, which "
-    're-imports your script; create the engine under `if __name__ == "__main__":` '
-    "(and start the script with `python script.py`)"
+    're-imports your script; create the engine under `if __name__ == "__main__":`'
 )
 
 
