@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine_sdk.layers import fused_ops
 from engine_sdk.layers.linear import Linear
 
 if TYPE_CHECKING:
@@ -15,6 +16,8 @@ __all__ = ["GatedMLP", "silu_and_mul"]
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if fused_ops.enabled(gate):
+        return fused_ops.silu_and_mul(gate, up)
     return torch.nn.functional.silu(gate) * up
 
 

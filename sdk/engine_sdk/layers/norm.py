@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from engine_sdk.layers import fused_ops
+
 
 class RMSNorm(torch.nn.Module):
     """``weight * (x / sqrt(mean(x^2) + eps))``; statistics in float32 whatever the dtype."""
@@ -14,6 +16,8 @@ class RMSNorm(torch.nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused_ops.enabled(x):
+            return fused_ops.rms_norm(x, self.weight, self.eps)
         input_dtype = x.dtype
         x32 = x.to(torch.float32)
         variance = x32.pow(2).mean(-1, keepdim=True)

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from engine_sdk.layers import fused_ops
+
 __all__ = [
     "RopeParameters",
     "RotaryEmbedding",
@@ -165,6 +167,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the first ``cos.shape[-1]`` dims of ``x`` [num_tokens, heads, head_dim]."""
+    if fused_ops.enabled(x):
+        return fused_ops.apply_rotary(x, cos, sin)
     rotary_dim = cos.shape[-1]
     if rotary_dim == x.shape[-1]:
         return x * cos + _rotate_half(x) * sin

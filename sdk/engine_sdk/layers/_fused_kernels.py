@@ -1,0 +1,70 @@
+"""Triton kernels behind ``fused_ops`` (imported only when the fused path runs)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, n, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    var = tl.sum(x * x, 0) / n
+    # Round the normalised value to the input dtype before the weight multiply, as HF does.
+    y = (x * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + offs, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def silu_mul_kernel(gate_ptr, up_ptr, out_ptr, numel, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    g = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    out = g / (1.0 + tl.exp(-g)) * u
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rotary_kernel(
+    x_ptr,
+    cos_ptr,
+    sin_ptr,
+    out_ptr,
+    stride_xt,
+    stride_xh,
+    stride_ot,
+    stride_oh,
+    stride_ct,
+    num_heads,
+    head_dim,
+    half,
+    HEADS_P: tl.constexpr,
+    HALF_P: tl.constexpr,
+    PASS_P: tl.constexpr,
+    HAS_PASS: tl.constexpr,
+):
+    # One program per token, all heads: out1 = x1*c - x2*s, out2 = x2*c + x1*s over the
+    # rotary half-dims; dims past 2*half pass through unchanged.
+    tok = tl.program_id(0)
+    heads = tl.arange(0, HEADS_P)[:, None]
+    dims = tl.arange(0, HALF_P)[None, :]
+    mask = (heads < num_heads) & (dims < half)
+    c = tl.load(cos_ptr + tok * stride_ct + dims, mask=dims < half, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + tok * stride_ct + dims, mask=dims < half, other=0.0).to(tl.float32)
+    base_x = x_ptr + tok * stride_xt + heads * stride_xh
+    base_o = out_ptr + tok * stride_ot + heads * stride_oh
+    x1 = tl.load(base_x + dims, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base_x + half + dims, mask=mask, other=0.0).to(tl.float32)
+    ty = out_ptr.dtype.element_ty
+    tl.store(base_o + dims, (x1 * c - x2 * s).to(ty), mask=mask)
+    tl.store(base_o + half + dims, (x2 * c + x1 * s).to(ty), mask=mask)
+    if HAS_PASS:
+        rest = tl.arange(0, PASS_P)[None, :]
+        pmask = (heads < num_heads) & (rest < head_dim - 2 * half)
+        keep = tl.load(base_x + 2 * half + rest, mask=pmask, other=0.0)
+        tl.store(base_o + 2 * half + rest, keep, mask=pmask)
