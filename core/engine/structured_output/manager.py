@@ -114,7 +114,8 @@ class StructuredOutputManager:
 
     # -- the backend (built on first use, in a compile thread) ----------------------------
 
-    def _get_backend(self) -> StructuredOutputBackend:
+    def get_backend(self) -> StructuredOutputBackend:
+        """The backend instance, built on first use (blocks while it builds)."""
         with self._backend_lock:
             if self._backend is None and self._backend_error is None:
                 try:
@@ -129,11 +130,17 @@ class StructuredOutputManager:
             assert self._backend is not None
             return self._backend
 
-    def warmup(self) -> Future[None]:
-        """Build the backend (its vocabulary) in a compile thread now, not on first use."""
+    def warmup(self, params: Sequence[StructuredOutputsParams] = ()) -> Future[None]:
+        """Build the backend (its vocabulary) in a compile thread now rather than on first
+        use, then compile ``params`` (for example ``json_object``, which every server
+        answering ``response_format={"type": "json_object"}`` needs) into the cache."""
 
         def build() -> None:
-            self._get_backend()
+            self.get_backend()
+            for one in params:
+                key = grammar_key(one, self.config.max_spec_chars)
+                if self.cache.get(key) is None:
+                    self._compile_now(key)
 
         return self._pool.submit(build)
 
@@ -176,7 +183,7 @@ class StructuredOutputManager:
         return self.compile_async(params, timeout_s).result()
 
     def _compile_now(self, key: GrammarKey) -> CompiledGrammar:
-        backend = self._get_backend()
+        backend = self.get_backend()
         try:
             grammar = backend.compile(key.kind, key.backend_spec())
         except (ValueError, TypeError) as exc:

@@ -5,8 +5,10 @@
   tokens is at most one space (outlines' default): a weak model cannot stall in an endless
   run of blanks. Recursive ``$ref`` schemas unroll to ``max_recursion_depth`` levels.
 - ``choice``: an alternation of the choices, each escaped character by character.
-- ``json_object``: any JSON object whose values nest at most ``JSON_OBJECT_DEPTH`` levels
-  of objects/arrays (a regular language cannot count brackets without a bound).
+- ``json_object``, and a schema that is just ``{"type": "object"}`` or
+  ``{"type": "array"}``: values nest at most ``JSON_OBJECT_DEPTH`` levels of
+  objects/arrays (a regular language cannot count brackets without a bound; at depth 2 an
+  object's values may be objects or arrays of scalars).
 - ``regex``: passed through (Rust ``regex`` syntax, always matched in full; no
   look-around, no back-references).
 - ``grammar`` (EBNF/Lark): not regular in general; outlines-core has no CFG engine, so it
@@ -58,10 +60,43 @@ def _check_meta_schema(schema: dict[str, Any] | bool) -> None:
         raise ValueError(f"invalid JSON schema at {where}: {exc.message}") from exc
 
 
+_PRIMITIVE = {"type": ["string", "number", "boolean", "null"]}
+_OBJECT_SHAPE_KEYS = ("properties", "additionalProperties", "patternProperties", "required")
+_ARRAY_SHAPE_KEYS = ("items", "prefixItems", "contains")
+
+
+def any_json_schema(depth: int) -> dict[str, Any]:
+    """Any JSON value with objects/arrays nested at most ``depth`` levels."""
+    if depth == 0:
+        return dict(_PRIMITIVE)
+    inner = any_json_schema(depth - 1)
+    return {
+        "anyOf": [
+            dict(_PRIMITIVE),
+            {"type": "object", "additionalProperties": inner},
+            {"type": "array", "items": inner},
+        ]
+    }
+
+
+def bound_free_form(schema: Any, depth: int = JSON_OBJECT_DEPTH) -> Any:
+    """A top-level ``{"type": "object"}`` / ``{"type": "array"}`` without a shape, with its
+    values bounded to ``depth`` levels of nesting (outlines' own free-form regex nests
+    deeper and takes minutes to index over a large vocabulary)."""
+    if not isinstance(schema, dict):
+        return schema
+    if schema.get("type") == "object" and not any(k in schema for k in _OBJECT_SHAPE_KEYS):
+        return {**schema, "additionalProperties": any_json_schema(depth - 1)}
+    if schema.get("type") == "array" and not any(k in schema for k in _ARRAY_SHAPE_KEYS):
+        return {**schema, "items": any_json_schema(depth - 1)}
+    return schema
+
+
 def json_schema_regex(spec: Any) -> str:
     from outlines_core.json_schema import build_regex_from_schema
 
     text = _schema_text(spec)
+    text = json.dumps(bound_free_form(json.loads(text)), sort_keys=True)
     try:
         return str(build_regex_from_schema(text, None, MAX_SCHEMA_RECURSION_DEPTH))
     except (ValueError, TypeError) as exc:
@@ -89,21 +124,6 @@ def choice_regex(spec: Any) -> str:
     return "(" + "|".join(escape_literal(c) for c in spec) + ")"
 
 
-def json_object_regex(depth: int = JSON_OBJECT_DEPTH) -> str:
-    """A JSON object whose values nest objects/arrays at most ``depth`` levels deep."""
-    from outlines_core.json_schema import BOOLEAN, NULL, NUMBER, STRING, WHITESPACE
-
-    ws = WHITESPACE
-    value = f"({STRING}|{NUMBER}|{BOOLEAN}|{NULL})"
-    obj = ""
-    for _ in range(depth):
-        member = f"{STRING}{ws}:{ws}{value}"
-        obj = rf"\{{{ws}({member}({ws},{ws}{member})*)?{ws}\}}"
-        arr = rf"\[{ws}({value}({ws},{ws}{value})*)?{ws}\]"
-        value = f"({STRING}|{NUMBER}|{BOOLEAN}|{NULL}|{obj}|{arr})"
-    return obj
-
-
 def check_regex(pattern: Any) -> str:
     if not isinstance(pattern, str):
         raise ValueError(f"regex must be a string, got {type(pattern).__name__}")
@@ -129,7 +149,7 @@ def constraint_regex(kind: str, spec: Any) -> str:
     if kind == "choice":
         return choice_regex(spec)
     if kind == "json_object":
-        return json_object_regex()
+        return json_schema_regex({"type": "object"})
     if kind == "grammar":
         raise ValueError(GRAMMAR_UNSUPPORTED)
     raise ValueError(

@@ -127,6 +127,25 @@ def test_json_object_walks_parse_to_objects(backend: OutlinesBackend) -> None:
     assert num_ended >= 1
 
 
+@pytest.mark.parametrize(
+    ("schema", "kind"), [({"type": "object"}, dict), ({"type": "array"}, list)]
+)
+def test_free_form_schema_is_bounded(backend: OutlinesBackend, schema: Any, kind: type) -> None:
+    grammar = backend.compile("json", schema)
+    num_ended = 0
+    for seed in range(NUM_WALKS):
+        text, ended = walk(backend, grammar, seed)
+        if ended:
+            num_ended += 1
+            assert isinstance(json.loads(text), kind), text
+    assert num_ended >= 1
+    # Depth 2: a value may be an array of scalars, but not an array of arrays.
+    deep = '{"a": [[1]]}' if kind is dict else "[[[1]]]"
+    assert not _rust_fullmatch(grammar.regex, deep)
+    shallow = '{"a": [1, "x"], "b": {"c": null}}' if kind is dict else '[[1], {"a": true}, 2]'
+    assert _rust_fullmatch(grammar.regex, shallow)
+
+
 def test_terminated_allows_only_eos(backend: OutlinesBackend) -> None:
     grammar = backend.compile("choice", ["ok"])
     matcher = grammar.new_matcher()

@@ -1,0 +1,108 @@
+"""Fake structured-output backends for the manager tests (imported by spec targets).
+
+``SleepyBackend`` compiles ``regex`` specs of the form ``"sleep:SECONDS"`` by sleeping that
+long, and records every compile, so tests can see what ran, when and on which thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from engine_sdk import StructuredOutputBackendSpec, hookimpl
+from engine_sdk.interfaces.structured_output import (
+    CompiledGrammar,
+    GrammarMatcher,
+    StructuredOutputBackend,
+)
+
+ManagerFactory = Callable[..., Any]
+
+
+def load_pm(*plugins: object) -> Any:
+    """An engine ``PluginManager`` holding exactly ``plugins`` (no entry points)."""
+    from engine.plugins import PluginManager
+
+    return PluginManager.load(extra_plugins=list(plugins), discover=False, env={})
+
+
+class FixedMatcher(GrammarMatcher):
+    """Allows a fixed set of ids forever (or nothing, to model a dead end)."""
+
+    def __init__(self, vocab_size: int, allowed: list[int], terminated: bool = False) -> None:
+        self.mask = torch.zeros(vocab_size, dtype=torch.bool)
+        self.mask[allowed] = True
+        self.terminated = terminated
+        self.accepted: list[int] = []
+
+    def allowed_token_ids(self) -> torch.Tensor:
+        return self.mask
+
+    def accept_token(self, token_id: int) -> bool:
+        if not self.mask[token_id]:
+            return False
+        self.accepted.append(token_id)
+        return True
+
+    def is_terminated(self) -> bool:
+        return self.terminated
+
+
+class SleptGrammar(CompiledGrammar):
+    def __init__(self, spec: str, vocab_size: int, num_bytes: int) -> None:
+        self.spec = spec
+        self.vocab_size = vocab_size
+        self.num_bytes = num_bytes
+
+    def new_matcher(self) -> GrammarMatcher:
+        return FixedMatcher(self.vocab_size, [1, 2, 3])
+
+
+class SleepyBackend(StructuredOutputBackend):
+    name: ClassVar[str] = "sleepy"
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        super().__init__(tokenizer, vocab_size)
+        self.compiled: list[tuple[str, str]] = []  # (spec, thread name), in start order
+        self.lock = threading.Lock()
+
+    def compile(self, kind: str, spec: Any) -> CompiledGrammar:
+        if kind != "regex" or not str(spec).startswith("sleep:"):
+            raise ValueError(f"the sleepy backend only compiles 'sleep:SECONDS', got {spec!r}")
+        with self.lock:
+            self.compiled.append((spec, threading.current_thread().name))
+        time.sleep(float(spec.split(":", 1)[1]))
+        return SleptGrammar(spec, self.vocab_size, num_bytes=1000)
+
+
+class BrokenBackend(StructuredOutputBackend):
+    name: ClassVar[str] = "broken"
+
+    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+        raise RuntimeError("cannot load the grammar engine's native library")
+
+    def compile(self, kind: str, spec: Any) -> CompiledGrammar:
+        raise AssertionError("never built")
+
+
+class BackendPlugin:
+    """A plugin object registering one backend spec (name, target class, priority)."""
+
+    def __init__(self, name: str, target: str, priority: int) -> None:
+        self.__name__ = f"fake-{name}"
+        self.spec = StructuredOutputBackendSpec(name=name, target=target, priority=priority)
+
+    @hookimpl
+    def register_structured_output_backends(self) -> list[StructuredOutputBackendSpec]:
+        return [self.spec]
+
+
+def sleepy_plugin(priority: int = 5) -> BackendPlugin:
+    return BackendPlugin("sleepy", "structured_output_fakes:SleepyBackend", priority)
+
+
+def broken_plugin(priority: int = 1) -> BackendPlugin:
+    return BackendPlugin("broken", "structured_output_fakes:BrokenBackend", priority)
