@@ -109,7 +109,16 @@ def bench(out: Path, name: str, args: list[str], timeout: int = 900) -> dict[str
 
 def part_correctness(out: Path, model: Path) -> dict[str, Any]:
     code, _ = run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "plugins/triton/tests"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "plugins/triton/tests",
+            "tests/fused",
+        ],
         out / "triton_tests.log",
         600,
     )
