@@ -199,7 +199,7 @@ class MultiprocExecutor:
             for ready in wait([*conns, *sentinels], timeout=_POLL_S):
                 if ready not in conns:
                     raise self._fail(phase)
-                rank = conns[ready]  # type: ignore[index]
+                rank = conns[ready]
                 message = self._recv(rank)
                 if message is None or message.get("op") == "error":
                     raise self._fail(phase)

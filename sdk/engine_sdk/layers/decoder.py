@@ -88,19 +88,15 @@ class DecoderAttention(torch.nn.Module):
         else:  # this rank's heads: q/k/v column-parallel, o_proj row-parallel
             shards = shard_attention_heads(self.num_heads, self.num_kv_heads, tp)
             self.num_heads, self.num_kv_heads = shards.num_heads, shards.num_kv_heads
-            kv = {
-                "tp": tp,
-                "shard_index": shards.kv_shard_index,
-                "num_shards": shards.num_kv_shards,
-            }
+            kv_shard = {"shard_index": shards.kv_shard_index, "num_shards": shards.num_kv_shards}
             self.q_proj = ColumnParallelLinear(
                 hidden, q_size, bias, quant, f"{prefix}.q_proj", dtype, tp=tp
             )
             self.k_proj = ColumnParallelLinear(
-                hidden, kv_size, bias, quant, f"{prefix}.k_proj", dtype, **kv
+                hidden, kv_size, bias, quant, f"{prefix}.k_proj", dtype, tp=tp, **kv_shard
             )
             self.v_proj = ColumnParallelLinear(
-                hidden, kv_size, bias, quant, f"{prefix}.v_proj", dtype, **kv
+                hidden, kv_size, bias, quant, f"{prefix}.v_proj", dtype, tp=tp, **kv_shard
             )
             self.o_proj = RowParallelLinear(
                 q_size, hidden, bias, quant, f"{prefix}.o_proj", dtype, tp=tp
