@@ -1,4 +1,4 @@
-"""Turn one ``SchedulerOutput`` into the model's step inputs (built on the host, one copy each).
+"""Turn one ``SchedulerOutput`` into the model's step inputs (built on the host, one copy).
 
 Tokens are packed request after request. Each token's cache slot comes from its
 request's block table::
@@ -11,11 +11,20 @@ request's block table::
 Logits are computed only for the rows that need them, in this order: first the prompt
 positions of requests that asked for prompt logprobs (position p predicts prompt token
 p + 1), then one row per sampling request (its last token this step).
+
+The host work is a few Python passes over the requests (reading their fields) and numpy
+for everything per token or per block. Block tables are the one input that grows with the
+context: ``StepInputsBuilder`` (a runner holds one) keeps them across steps and copies
+only new block ids, where the stateless ``build_step_inputs`` copies every table whole.
+The integer arrays travel to the device as one buffer (one copy); the tensors are views
+into it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 import torch
@@ -24,7 +33,13 @@ from engine_sdk.interfaces.attention import AttentionBatch
 from engine.core.request import ReqId
 from engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 
-__all__ = ["PromptLogprobsRows", "StepInputs", "build_step_inputs"]
+__all__ = [
+    "PersistentBlockTables",
+    "PromptLogprobsRows",
+    "StepInputs",
+    "StepInputsBuilder",
+    "build_step_inputs",
+]
 
 
 @dataclass
@@ -48,18 +63,6 @@ class StepInputs:
     prompt_rows: list[PromptLogprobsRows] = field(default_factory=list)
 
 
-def _slots(sr: ScheduledRequest, block_size: int) -> np.ndarray:
-    positions = np.arange(sr.start_position, sr.start_position + sr.num_tokens)
-    blocks = np.asarray(sr.block_ids, dtype=np.int64)
-    last = int(positions[-1]) if len(positions) else -1
-    if last >= len(blocks) * block_size:
-        raise ValueError(
-            f"request {sr.req_id}: position {last} is beyond its block table "
-            f"({len(blocks)} blocks of {block_size} tokens)"
-        )
-    return blocks[positions // block_size] * block_size + positions % block_size
-
-
 def _prompt_rows(
     sr: ScheduledRequest, first_token_row: int, num_done: int
 ) -> tuple[list[int], PromptLogprobsRows | None]:
@@ -69,12 +72,197 @@ def _prompt_rows(
         return [], None
     prompt = sr.request.prompt_token_ids
     first = max(sr.start_position, num_done)
-    last = min(sr.start_position + sr.num_tokens, len(prompt) - 1)  # exclusive
+    last = min(sr.start_position + len(sr.token_ids), len(prompt) - 1)  # exclusive
     if first >= last:
         return [], None
     rows = [first_token_row + p - sr.start_position for p in range(first, last)]
     targets = prompt[first + 1 : last + 1]
     return rows, PromptLogprobsRows(sr.req_id, 0, targets, num_logprobs)
+
+
+def _check_block_tables(
+    scheduled: list[ScheduledRequest], num_blocks: np.ndarray, block_size: int
+) -> np.ndarray:
+    """Each request's block-list length; ValueError if one does not reach its last token."""
+    num_seqs = len(scheduled)
+    lengths = np.fromiter((len(sr.block_ids) for sr in scheduled), np.int64, num_seqs)
+    short = np.flatnonzero(lengths < num_blocks)
+    if len(short):
+        sr = scheduled[int(short[0])]
+        last = sr.start_position + len(sr.token_ids) - 1
+        raise ValueError(
+            f"request {sr.req_id}: position {last} is beyond its block table "
+            f"({len(sr.block_ids)} blocks of {block_size} tokens)"
+        )
+    return lengths
+
+
+def _block_table(
+    scheduled: list[ScheduledRequest], num_blocks: np.ndarray, block_size: int
+) -> np.ndarray:
+    """int32 [num_seqs, max blocks]: each request's first ``num_blocks[i]`` block ids.
+
+    The rows are filled in one masked assignment from the concatenated block lists (row-
+    major order of the mask is request order, then block order).
+    """
+    num_seqs = len(scheduled)
+    num_cols = int(num_blocks.max()) if num_seqs else 0
+    table = np.zeros((num_seqs, num_cols), dtype=np.int32)
+    if not num_seqs:
+        return table
+    lengths = _check_block_tables(scheduled, num_blocks, block_size)
+    if np.array_equal(lengths, num_blocks):
+        rows = [sr.block_ids for sr in scheduled]
+    else:  # the scheduler allocates exactly what a step reaches; tolerate longer tables
+        rows = [sr.block_ids[:k] for sr, k in zip(scheduled, num_blocks.tolist(), strict=True)]
+    flat = np.fromiter(chain.from_iterable(rows), np.int32, int(num_blocks.sum()))
+    table[np.arange(num_cols) < num_blocks[:, None]] = flat
+    return table
+
+
+class PersistentBlockTables:
+    """Block tables kept across steps, so a step copies only the block ids that are new.
+
+    A request's table only grows while it runs (one new block every ``block_size`` decode
+    steps), so each running request owns a row of a preallocated int32 array and a step
+    writes the ids past what the row already holds, then gathers its rows in one numpy
+    indexing. Rows are dropped for ``finished_req_ids`` and ``preempted_req_ids`` (a
+    preempted request gets a new table when it is resumed). As a guard, a row whose last
+    held id no longer matches the request's table is rewritten whole.
+
+        row of "a":  [7 2 5 0 0 0]   held 3, last 5     step needs 4 -> write ids[3:4]
+    """
+
+    def __init__(self, initial_rows: int = 64, initial_cols: int = 64) -> None:
+        self._rows = np.zeros((initial_rows, initial_cols), dtype=np.int32)
+        # req_id -> [row index, number of ids held, last id held]
+        self._held: dict[ReqId, list[int]] = {}
+        self._free_rows = list(range(initial_rows - 1, -1, -1))
+
+    @property
+    def num_tracked(self) -> int:
+        return len(self._held)
+
+    def drop(self, req_ids: Iterable[ReqId]) -> None:
+        for req_id in req_ids:
+            held = self._held.pop(req_id, None)
+            if held is not None:
+                self._rows[held[0], : held[1]] = 0
+                self._free_rows.append(held[0])
+
+    def gather(
+        self, scheduled: list[ScheduledRequest], num_blocks: np.ndarray, block_size: int
+    ) -> np.ndarray:
+        """int32 [num_seqs, max blocks], like ``_block_table``."""
+        num_seqs = len(scheduled)
+        num_cols = int(num_blocks.max()) if num_seqs else 0
+        if not num_seqs:
+            return np.zeros((0, 0), dtype=np.int32)
+        if num_cols > self._rows.shape[1]:
+            self._grow(self._rows.shape[0], max(num_cols, 2 * self._rows.shape[1]))
+        held_map = self._held
+        row_ids = []
+        stale = []
+        for sr, needed in zip(scheduled, num_blocks.tolist(), strict=True):
+            held = held_map.get(sr.req_id)
+            if held is None:
+                held = held_map[sr.req_id] = [self._take_row(), 0, -1]
+            num_held = held[1]
+            if needed > num_held or (num_held and _replaced(sr.block_ids, num_held, held[2])):
+                stale.append((sr, needed, held))
+            row_ids.append(held[0])
+        if stale:
+            self._write(stale, block_size)
+        return self._rows[row_ids, :num_cols]
+
+    def _write(self, stale: list[tuple[ScheduledRequest, int, list[int]]], block_size: int) -> None:
+        rows = self._rows
+        for sr, needed, held in stale:
+            row, num_held, last = held
+            block_ids = sr.block_ids
+            if len(block_ids) < needed:
+                raise ValueError(
+                    f"request {sr.req_id}: position {sr.start_position + len(sr.token_ids) - 1} "
+                    f"is beyond its block table ({len(block_ids)} blocks of {block_size} tokens)"
+                )
+            if num_held and _replaced(block_ids, num_held, last):  # rewrite the row
+                rows[row, :num_held] = 0
+                num_held = 0
+            if needed > num_held:
+                rows[row, num_held:needed] = block_ids[num_held:needed]
+                held[1] = needed
+                held[2] = block_ids[needed - 1]
+
+    def _take_row(self) -> int:
+        if not self._free_rows:
+            num_rows = self._rows.shape[0]
+            self._grow(2 * num_rows, self._rows.shape[1])
+            self._free_rows.extend(range(2 * num_rows - 1, num_rows - 1, -1))
+        return self._free_rows.pop()
+
+    def _grow(self, num_rows: int, num_cols: int) -> None:
+        rows = np.zeros((num_rows, num_cols), dtype=np.int32)
+        old = self._rows
+        rows[: old.shape[0], : old.shape[1]] = old
+        self._rows = rows
+
+
+def _replaced(block_ids: list[int], num_held: int, last_held: int) -> bool:
+    """Whether a table no longer extends the ``num_held`` ids a row holds."""
+    return len(block_ids) < num_held or block_ids[num_held - 1] != last_held
+
+
+class _Packer:
+    """Host arrays that go to the device as one byte buffer; each becomes a view."""
+
+    def __init__(self) -> None:
+        self._arrays: list[np.ndarray] = []
+
+    def add(self, array: np.ndarray) -> int:
+        self._arrays.append(np.ascontiguousarray(array))
+        return len(self._arrays) - 1
+
+    def to_device(self, device: torch.device) -> list[torch.Tensor]:
+        # Every segment starts on an 8-byte boundary so it can be viewed as int64.
+        offsets, size = [], 0
+        for array in self._arrays:
+            offsets.append(size)
+            size += -(-array.nbytes // 8) * 8
+        buffer = np.empty(size, dtype=np.uint8)
+        for array, offset in zip(self._arrays, offsets, strict=True):
+            buffer[offset : offset + array.nbytes] = array.reshape(-1).view(np.uint8)
+        on_device = torch.from_numpy(buffer).to(device)
+        tensors = []
+        for array, offset in zip(self._arrays, offsets, strict=True):
+            dtype = torch.int64 if array.dtype == np.int64 else torch.int32
+            segment = on_device[offset : offset + array.nbytes].view(dtype)
+            tensors.append(segment.view(array.shape))
+        return tensors
+
+
+TableFn = Callable[[list[ScheduledRequest], np.ndarray, int], np.ndarray]
+
+
+class StepInputsBuilder:
+    """Builds one runner's step inputs, keeping block tables from step to step.
+
+    Equivalent to ``build_step_inputs`` on every step, but a decode step copies only the
+    new block ids instead of every request's whole table. It relies on seeing every
+    non-empty ``SchedulerOutput`` of the scheduler, in order (their ``finished_req_ids``
+    and ``preempted_req_ids`` retire rows).
+    """
+
+    def __init__(self, block_size: int, device: torch.device) -> None:
+        self.block_size = block_size
+        self.device = device
+        self.block_tables = PersistentBlockTables()
+
+    def build(self, so: SchedulerOutput, prompt_logprobs_done: dict[ReqId, int]) -> StepInputs:
+        self.block_tables.drop(so.finished_req_ids)
+        self.block_tables.drop(so.preempted_req_ids)
+        return _build(
+            so, self.block_size, self.device, prompt_logprobs_done, self.block_tables.gather
+        )
 
 
 def build_step_inputs(
@@ -84,58 +272,103 @@ def build_step_inputs(
     prompt_logprobs_done: dict[ReqId, int],
 ) -> StepInputs:
     """Pack the step. ``prompt_logprobs_done[req_id]`` is the first prompt position whose
-    logprobs are still owed (updated here), so a recomputed prompt is not reported twice."""
-    input_ids: list[int] = []
-    positions: list[np.ndarray] = []
-    slots: list[np.ndarray] = []
-    query_start = [0]
-    seq_lens: list[int] = []
+    logprobs are still owed (updated here), so a recomputed prompt is not reported twice.
+
+    Stateless: every block table is copied whole. A runner should hold a
+    ``StepInputsBuilder``, which gives the same inputs while copying only new block ids.
+    """
+    return _build(so, block_size, device, prompt_logprobs_done, _block_table)
+
+
+def _build(
+    so: SchedulerOutput,
+    block_size: int,
+    device: torch.device,
+    prompt_logprobs_done: dict[ReqId, int],
+    make_table: TableFn,
+) -> StepInputs:
+    scheduled = so.scheduled
+    num_seqs = len(scheduled)
+    # One pass over the requests for what only Python objects hold.
+    token_lists = [sr.token_ids for sr in scheduled]
+    num_tokens_list = [len(t) for t in token_lists]
+    starts = np.fromiter((sr.start_position for sr in scheduled), np.int64, num_seqs)
+    counts = np.array(num_tokens_list, dtype=np.int64)
+    num_tokens = int(counts.sum())
+    if num_tokens == num_seqs:  # a decode step: one token each
+        input_ids = np.fromiter((t[0] for t in token_lists), np.int64, num_seqs)
+    else:
+        input_ids = np.fromiter(chain.from_iterable(token_lists), np.int64, num_tokens)
+    query_start = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(counts, out=query_start[1:])
+    seq_lens = starts + counts
+
+    # positions: start_i + (row - query_start_i) for each row of request i
+    if num_tokens == num_seqs:
+        positions = starts
+        token_req = np.arange(num_seqs)
+    else:
+        token_req = np.repeat(np.arange(num_seqs), counts)
+        positions = np.arange(num_tokens) + (starts - query_start[:-1])[token_req]
+    num_blocks = -(-seq_lens // block_size)
+    table = make_table(scheduled, num_blocks, block_size)
+    slots = table[token_req, positions // block_size].astype(np.int64) * block_size
+    slots += positions % block_size
+
+    sample_requests = [sr for sr in scheduled if sr.sample]
+    last_rows = query_start[1:] - 1
+    if len(sample_requests) == num_seqs:
+        sample_rows = last_rows
+    else:
+        sample_rows = last_rows[[i for i, sr in enumerate(scheduled) if sr.sample]]
     prompt_hidden_rows: list[int] = []
     prompt_rows: list[PromptLogprobsRows] = []
-    sample_hidden_rows: list[int] = []
-    sample_requests: list[ScheduledRequest] = []
-    for sr in so.scheduled:
-        first_row = len(input_ids)
-        input_ids.extend(sr.token_ids)
-        positions.append(np.arange(sr.start_position, sr.start_position + sr.num_tokens))
-        slots.append(_slots(sr, block_size))
-        query_start.append(query_start[-1] + sr.num_tokens)
-        seq_lens.append(sr.start_position + sr.num_tokens)
+    for i, sr in enumerate(scheduled):
+        if sr.request.sampling_params.prompt_logprobs is None:
+            continue
+        first_row = int(query_start[i])
         rows, pl = _prompt_rows(sr, first_row, prompt_logprobs_done.get(sr.req_id, 0))
         if pl is not None:
             pl.first_row = len(prompt_hidden_rows)
             prompt_hidden_rows.extend(rows)
             prompt_rows.append(pl)
-            prompt_logprobs_done[sr.req_id] = sr.start_position + sr.num_tokens
-        if sr.sample:
-            sample_hidden_rows.append(first_row + sr.num_tokens - 1)
-            sample_requests.append(sr)
-    num_cols = max(-(-n // block_size) for n in seq_lens) if seq_lens else 0
-    tables = np.zeros((len(so.scheduled), num_cols), dtype=np.int32)
-    for i, sr in enumerate(so.scheduled):
-        used = sr.block_ids[: -(-seq_lens[i] // block_size)]
-        tables[i, : len(used)] = used
+            prompt_logprobs_done[sr.req_id] = sr.start_position + len(sr.token_ids)
+    if prompt_hidden_rows:
+        logits_indices = np.concatenate([np.array(prompt_hidden_rows, np.int64), sample_rows])
+    else:
+        logits_indices = sample_rows
 
-    def to_device(array: np.ndarray | list[int], dtype: torch.dtype) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(array), dtype=dtype).to(device)
-
+    packer = _Packer()
+    parts = [
+        packer.add(input_ids),
+        packer.add(positions),
+        packer.add(query_start.astype(np.int32)),
+        packer.add(seq_lens.astype(np.int32)),
+        packer.add(table),
+        packer.add(slots),
+        packer.add(logits_indices.astype(np.int64)),
+    ]
+    tensors = packer.to_device(device)
+    ids_t, positions_t, query_start_t, seq_lens_t, table_t, slots_t, logits_t = (
+        tensors[i] for i in parts
+    )
     attn_batch = AttentionBatch(
-        query_start_loc=to_device(query_start, torch.int32),
-        seq_lens=to_device(seq_lens, torch.int32),
-        block_tables=to_device(tables, torch.int32),
-        slot_mapping=to_device(np.concatenate(slots) if slots else [], torch.int64),
-        max_query_len=max((sr.num_tokens for sr in so.scheduled), default=0),
-        max_seq_len=max(seq_lens, default=0),
-        num_seqs=len(so.scheduled),
-        num_tokens=len(input_ids),
-        query_start_loc_cpu=query_start,
-        seq_lens_cpu=seq_lens,
+        query_start_loc=query_start_t,
+        seq_lens=seq_lens_t,
+        block_tables=table_t,
+        slot_mapping=slots_t,
+        max_query_len=max(num_tokens_list, default=0),
+        max_seq_len=int(seq_lens.max()) if num_seqs else 0,
+        num_seqs=num_seqs,
+        num_tokens=num_tokens,
+        query_start_loc_cpu=query_start.tolist(),
+        seq_lens_cpu=seq_lens.tolist(),
     )
     return StepInputs(
-        input_ids=to_device(input_ids, torch.int64),
-        positions=to_device(np.concatenate(positions) if positions else [], torch.int64),
+        input_ids=ids_t,
+        positions=positions_t,
         attn_batch=attn_batch,
-        logits_indices=to_device(prompt_hidden_rows + sample_hidden_rows, torch.int64),
+        logits_indices=logits_t,
         sample_requests=sample_requests,
         num_prompt_rows=len(prompt_hidden_rows),
         prompt_rows=prompt_rows,
