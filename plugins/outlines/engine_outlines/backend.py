@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from engine_sdk.interfaces.structured_output import StructuredOutputBackend
 
 from engine_outlines.grammar import OutlinesGrammar
-from engine_outlines.regexes import constraint_regex, explain_regex_failure
+from engine_outlines.regexes import constraint_regex, explain_regex_failure, one_line
 from engine_outlines.vocabulary import build_vocabulary, eos_token_id_of
 
 
@@ -38,5 +38,5 @@ class OutlinesBackend(StructuredOutputBackend):
             return Index(regex, self.vocabulary)
         except (ValueError, TypeError) as exc:
             if kind == "regex":
-                raise ValueError(explain_regex_failure(regex, str(exc))) from exc
-            raise ValueError(f"cannot compile the {kind} constraint: {exc}") from exc
+                raise ValueError(explain_regex_failure(regex, one_line(exc))) from exc
+            raise ValueError(f"cannot compile the {kind} constraint: {one_line(exc)}") from exc

@@ -109,8 +109,11 @@ class OutlinesMatcher(GrammarMatcher):
             return False
         if token_id == self.grammar.eos_token_id:
             self._ended = True
-        else:
+            return True
+        try:
             self._guide.advance(token_id, False)
+        except ValueError:  # no transition: the mask and the index disagree
+            return False
         return True
 
     def is_terminated(self) -> bool:

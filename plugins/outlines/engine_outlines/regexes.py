@@ -100,7 +100,7 @@ def json_schema_regex(spec: Any) -> str:
     try:
         return str(build_regex_from_schema(text, None, MAX_SCHEMA_RECURSION_DEPTH))
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"cannot compile the JSON schema: {exc}") from exc
+        raise ValueError(f"cannot compile the JSON schema: {one_line(exc)}") from exc
 
 
 def escape_literal(text: str) -> str:
@@ -122,6 +122,11 @@ def choice_regex(spec: Any) -> str:
     if bad:
         raise ValueError(f"every choice must be a string, got {bad[0]!r}")
     return "(" + "|".join(escape_literal(c) for c in spec) + ")"
+
+
+def one_line(error: object) -> str:
+    """outlines-core's multi-line messages as one line (they end up in an HTTP 400)."""
+    return " ".join(str(error).split())
 
 
 def check_regex(pattern: Any) -> str:

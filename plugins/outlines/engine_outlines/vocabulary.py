@@ -64,9 +64,10 @@ class DecoderStyle:
 def decoder_style(tokenizer: Any) -> DecoderStyle:
     """Read the decoder of a fast (``tokenizers``-backed) tokenizer; ``other`` if unknown."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    if backend is None or backend.decoder is None:
         return DecoderStyle("other")
-    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    # The decoder's own JSON (serializing the whole tokenizer would take a second).
+    decoder = json.loads(backend.decoder.__getstate__())
     steps = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
     types = [step.get("type") for step in steps]
     if "ByteLevel" in types:

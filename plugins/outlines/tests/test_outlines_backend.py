@@ -88,7 +88,7 @@ SCHEMA = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0},
+        "age": {"type": "integer"},
         "kind": {"enum": ["cat", "dog"]},
         "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
         "score": {"type": ["number", "null"]},
