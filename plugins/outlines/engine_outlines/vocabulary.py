@@ -99,7 +99,7 @@ def _sentencepiece_bytes(token: str, space_marker: str) -> bytes:
 
 
 def _other_bytes(tokenizer: Any, token: str) -> bytes | None:
-    text = tokenizer.convert_tokens_to_string([token])
+    text = str(tokenizer.convert_tokens_to_string([token]))
     if "\ufffd" in text and "\ufffd" not in token:
         return None  # a partial character whose bytes the tokenizer does not reveal
     if token.startswith(_SPIECE_UNDERLINE) and not text.startswith(" "):
