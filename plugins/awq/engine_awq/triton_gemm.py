@@ -2,9 +2,10 @@
 
 Each program computes a BLOCK_M x BLOCK_N tile of ``out`` over one K range (split-K when
 there are few tokens, so decode still fills the GPU; partial sums are added atomically in
-float32). Per K step it loads a BLOCK_K x BLOCK_N tile of packed codes (each int32 read for
-its eight columns), one row of zeros and scales (BLOCK_K divides the group size, so a K
-step never straddles two groups), unpacks in registers and feeds ``tl.dot``::
+float32). Per K step it loads a BLOCK_K x BLOCK_N/8 tile of packed int32 words (repeated 8
+times in registers, one per column), one row of zeros and scales (BLOCK_K divides the
+group size, so a K step never straddles two groups), unpacks in registers and feeds
+``tl.dot``::
 
     x    [M, K]             qweight [K, N/8]      qzeros [K/G, N/8]    scales [K/G, N]
     tile (m, n, split) sums k in [split * k_per_split, (split + 1) * k_per_split)
@@ -19,7 +20,17 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["awq_gemm_triton", "pick_block_k"]
+__all__ = ["TARGET_PROGRAMS", "awq_gemm_triton", "pick_block_k"]
+
+TARGET_PROGRAMS = 1024  # ~8 per SM on a 132-SM H100/H200
+
+
+@triton.jit
+def _repeat8(words):
+    """[..., n] -> [..., 8n]: every element repeated 8 times in place (w0 x8, w1 x8, ...)."""
+    words = tl.interleave(words, words)
+    words = tl.interleave(words, words)
+    return tl.interleave(words, words)
 
 
 @triton.jit
@@ -52,7 +63,9 @@ def _awq_gemm_kernel(
     num_packed = N // 8
     j = offs_n % 8
     shifts = ((j // 2) + (j % 2) * 4) * 4
-    packed_cols = offs_n // 8
+    # Each int32 is loaded once and repeated for its 8 columns in registers.
+    packed_cols = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
+    mask_pn = packed_cols < num_packed
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_start = pid_k * k_per_split
@@ -67,11 +80,13 @@ def _awq_gemm_kernel(
         )
         packed = tl.load(
             qweight_ptr + ks[:, None] * num_packed + packed_cols[None, :],
-            mask=mask_k[:, None] & mask_n[None, :],
+            mask=mask_k[:, None] & mask_pn[None, :],
             other=0,
         )
+        packed = _repeat8(packed)
         group = k0 // group_size
-        packed_zeros = tl.load(qzeros_ptr + group * num_packed + packed_cols, mask=mask_n, other=0)
+        packed_zeros = tl.load(qzeros_ptr + group * num_packed + packed_cols, mask=mask_pn, other=0)
+        packed_zeros = _repeat8(packed_zeros)
         scales = tl.load(scales_ptr + group * N + offs_n, mask=mask_n, other=0.0)
         codes = (packed >> shifts[None, :]) & 0xF
         zeros = (packed_zeros >> shifts) & 0xF
@@ -109,10 +124,14 @@ def awq_gemm_triton(
     scales: torch.Tensor,
     group_size: int,
     split_k: int | None = None,
+    block_n: int | None = None,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """``x`` [M, K] (fp16/bf16/fp32) times the AWQ weight [K, N] -> [M, N] in ``x.dtype``.
 
-    ``split_k`` defaults to splitting K so that small batches launch enough programs.
+    ``split_k`` defaults to splitting K so that about ``TARGET_PROGRAMS`` programs run (a
+    decode step has one row of tiles, and a K loop per program that waits on memory
+    needs many programs per SM to hide it). On a GPU fp32 inputs multiply in TF32.
     """
     num_tokens, num_in = x.shape
     num_out = scales.shape[1]
@@ -122,11 +141,12 @@ def awq_gemm_triton(
     if qweight.shape != (num_in, num_out // 8):
         raise ValueError(f"qweight shape {tuple(qweight.shape)} does not match x {tuple(x.shape)}")
     x = x.contiguous()
-    block_m, block_n = _tiles(num_tokens)
+    block_m, default_block_n = _tiles(num_tokens)
+    block_n = block_n or default_block_n
     grid_mn = triton.cdiv(num_tokens, block_m) * triton.cdiv(num_out, block_n)
     if split_k is None:
-        # Aim for ~256 programs, never splitting below one group per split.
-        split_k = max(1, min(256 // max(grid_mn, 1), num_in // max(group_size, 128)))
+        # Never split below one group (or 128 rows) per split.
+        split_k = max(1, min(TARGET_PROGRAMS // grid_mn, num_in // max(group_size, 128)))
     num_groups_per_split = triton.cdiv(num_in // group_size, split_k)
     k_per_split = num_groups_per_split * group_size
     split_k = triton.cdiv(num_in, k_per_split)
@@ -152,5 +172,6 @@ def awq_gemm_triton(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         SPLIT_K=split_k,
+        num_warps=num_warps,
     )
     return out.to(x.dtype)

@@ -49,7 +49,8 @@ def test_split_k_sums_every_part(split_k: int) -> None:
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     out = awq_gemm_triton(x, t["qweight"], t["qzeros"], t["scales"], 32, split_k=split_k)
     ref = _reference(x, t, 32)
-    assert (out.double().cpu() - ref.cpu()).abs().max() <= 1e-4 * ref.abs().max()
+    tol = 1e-4 if DEVICE == "cpu" else 5e-3  # float32 multiplies in TF32 on a GPU
+    assert (out.double().cpu() - ref.cpu()).abs().max() <= tol * ref.abs().max()
 
 
 def test_block_k_divides_group() -> None:
