@@ -8,14 +8,26 @@ rank otherwise. Both have ``execute(SchedulerOutput) -> ModelRunnerOutput`` and 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from engine.config import EngineArgs
+from engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 
-__all__ = ["build_executor"]
+__all__ = ["Executor", "build_executor"]
 
 
-def build_executor(args: EngineArgs, pm: Any, source: Any) -> Any:
+class Executor(Protocol):
+    """What the engine needs from whatever runs the model (``ModelRunner`` conforms)."""
+
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    vocab_size: int
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+
+
+def build_executor(args: EngineArgs, pm: Any, source: Any) -> Executor:
     """The runner of ``args``: in-process for one rank, worker processes for more."""
     from engine.executor.validation import check_tensor_parallel
 
