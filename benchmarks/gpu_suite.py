@@ -181,6 +181,7 @@ def main() -> None:
     parser.add_argument("--tokenizer-dir", type=Path, required=True)
     parser.add_argument("--parts", default="correctness,hf,w1,w2,w3,w4,prefix,llama8b")
     parser.add_argument("--num-prompts", type=int, default=1024)
+    parser.add_argument("--summary", type=Path, help="Also write suite.json here after each part")
     args = parser.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -190,7 +191,7 @@ def main() -> None:
     llama = make_model_dir(models, "llama-3.1-8b", LLAMA_8B, args.tokenizer_dir)
     common = ["--load-format", "dummy", "--dtype", "bfloat16"]
     n = str(args.num_prompts)
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = _Checkpointed(args.summary)
 
     if "correctness" in parts:
         results["correctness"] = part_correctness(out, qwen)
@@ -340,6 +341,19 @@ def main() -> None:
 
     (out / "suite.json").write_text(json.dumps(results, indent=2, default=str))
     print_table(results)
+
+
+class _Checkpointed(dict[str, Any]):
+    """A results dict that rewrites the summary file whenever a part finishes."""
+
+    def __init__(self, path: Path | None) -> None:
+        super().__init__()
+        self.path = path
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        if self.path is not None:
+            self.path.write_text(json.dumps(self, indent=2, default=str))
 
 
 def _get(d: dict[str, Any] | None, *keys: str) -> Any:

@@ -12,7 +12,8 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tm
 export PYTHONPATH=/tmp/site2:/tmp/site
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 python3 benchmarks/gpu_suite.py --out /tmp/suite --tokenizer-dir .gpu/tokenizer \
-    --parts "$PARTS" --num-prompts "$NUM_PROMPTS" 2>&1 | tee /tmp/suite-console.log
+    --parts "$PARTS" --num-prompts "$NUM_PROMPTS" --summary "$OUT/suite.json" \
+    2>&1 | tee /tmp/suite-console.log
 status=${PIPESTATUS[0]}
 cp /tmp/suite-console.log "$OUT/console.log"
 tar czf "$OUT/suite.tar.gz" --exclude=models -C /tmp suite
