@@ -40,9 +40,43 @@ class ServerArgs:
         10.0, "Seconds between stats log lines while busy (0: off).", "server"
     )
     max_request_body_bytes: int = arg(
-        16 * 1024 * 1024, "Largest HTTP request (headers and body chunk) accepted.", "server"
+        16 * 1024 * 1024, "Largest HTTP request body accepted (larger: 413).", "server"
     )
+    max_header_bytes: int = arg(
+        64 * 1024, "Largest HTTP request line plus headers accepted (larger: 400).", "server"
+    )
+    max_n: int = arg(8, "Most choices (n) one request may ask for.", "server")
+    trust_request_chat_template: bool = arg(
+        False,
+        "Accept a chat_template field in requests (off: 400). Only for trusted clients.",
+        "server",
+    )
+    request_prepare_timeout: float = arg(
+        10.0, "Seconds to render the chat template and tokenize one request (then 400).", "server"
+    )
+    health_stall_timeout: float = arg(
+        60.0, "/health answers 503 once the engine loop has pending work and no progress for "
+        "this many seconds (0: off).", "server",
+    )  # fmt: skip
+    watchdog_timeout: float = arg(
+        600.0, "Exit non-zero when the engine loop makes no progress for this many seconds "
+        "with work pending, so an orchestrator restarts the server (0: off).", "server",
+    )  # fmt: skip
     log_level: str = arg("info", "debug, info, warning or error.", "server")
+
+    def __post_init__(self) -> None:
+        for name in ("max_request_body_bytes", "max_header_bytes", "max_n"):
+            if getattr(self, name) < 1:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} must be at least 1, got {getattr(self, name)}")
+        for name in ("request_prepare_timeout",):
+            if not getattr(self, name) > 0:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} must be positive, got {getattr(self, name)}")
+        for name in ("health_stall_timeout", "watchdog_timeout", "shutdown_timeout"):
+            if getattr(self, name) < 0:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} must be >= 0 (0: off), got {getattr(self, name)}")
 
 
 def parse_token_count(text: str) -> int:

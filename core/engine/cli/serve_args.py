@@ -245,9 +245,13 @@ def parse_serve_args(argv: list[str]) -> ParsedServeArgs | str:
     merged.update(cli)
     engine_kwargs = {k: v for k, v in merged.items() if k in EngineArgs.field_names()}
     server_kwargs = {k: v for k, v in merged.items() if k not in engine_kwargs}
+    try:
+        server_args = ServerArgs(**server_kwargs)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return ParsedServeArgs(
         engine_args=EngineArgs(**engine_kwargs),
-        server_args=ServerArgs(**server_kwargs),
+        server_args=server_args,
         from_command_line=set(cli),
     )
 

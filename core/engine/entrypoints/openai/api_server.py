@@ -22,8 +22,15 @@ from fastapi.responses import JSONResponse, Response
 
 import engine
 from engine.entrypoints.openai.auth import make_api_key_dependency
-from engine.entrypoints.openai.errors import APIError, error_body, install_error_handlers
+from engine.entrypoints.openai.errors import (
+    APIError,
+    error_body,
+    install_error_handlers,
+    queue_full,
+)
+from engine.entrypoints.openai.http_limits import BodySizeLimitMiddleware
 from engine.entrypoints.openai.metrics import CONTENT_TYPE
+from engine.entrypoints.openai.openapi_schema import install_openapi
 from engine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -39,6 +46,14 @@ from engine.entrypoints.openai.serving_base import ServingContext
 from engine.entrypoints.openai.serving_chat import ChatServing, messages_to_dicts
 from engine.entrypoints.openai.serving_completion import CompletionServing
 from engine.entrypoints.openai.stats_logger import StatsLogger, WarnOnce
+from engine.entrypoints.openai.validation import (
+    RequestLimits,
+    reserved_template_kwargs,
+    validate_chat_request,
+    validate_completion_request,
+    validate_messages,
+    validate_template_kwargs,
+)
 from engine.server_config import ServerArgs
 
 logger = logging.getLogger("engine.server")
@@ -118,7 +133,17 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
     )
     app.state.ctx = ctx
     app.state.server_args = server_args
+    ctx.prepare_timeout_s = server_args.request_prepare_timeout
+    limits = RequestLimits(
+        max_n=server_args.max_n,
+        max_model_len=ctx.max_model_len,
+        max_logprobs=ctx.max_logprobs,
+        vocab_size=len(ctx.tokenizer),
+        trust_request_chat_template=server_args.trust_request_chat_template,
+        reserved_template_kwargs=reserved_template_kwargs(ctx.tokenizer),
+    )
     install_error_handlers(app)
+    install_openapi(app)
     if server_args.allowed_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -129,6 +154,7 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
             allow_methods=["*"],
             allow_headers=["*"],
         )
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=server_args.max_request_body_bytes)
     app.add_middleware(RequestIdMiddleware, ctx=ctx)
 
     auth = Depends(make_api_key_dependency(server_args.api_key))
@@ -140,12 +166,30 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
         for name in sorted(body.model_extra or {}):
             warn_once(f"Request field {name!r} is not supported by this server and was ignored.")
 
+    def admit() -> None:
+        """Refuse at once when the queue is full, before template and tokenizer work."""
+        reason = ctx.would_reject()
+        if reason:
+            raise queue_full(reason)
+
     @app.get("/health")
     async def health() -> Response:
+        stalled_s = engine_stalled_for(ctx.engine)
+        stall_limit = server_args.health_stall_timeout
+        if stall_limit > 0 and stalled_s > stall_limit:
+            message = (
+                f"The engine loop has made no progress for {stalled_s:.0f} s with requests "
+                f"pending (--health-stall-timeout {stall_limit:g})."
+            )
+            return JSONResponse(error_body(message, 503), status_code=503)
         if engine_is_ready(ctx.engine) and not ctx.inflight.draining:
             return Response(status_code=200)
         dead = getattr(ctx.engine, "dead_error", None)
-        message = f"Engine is not ready: {dead}" if dead else "Engine is not ready."
+        message = (
+            "Engine is not ready (stopped; see the server log)."
+            if dead
+            else ("Engine is not ready.")
+        )
         return JSONResponse(error_body(message, 503), status_code=503)
 
     @router.get("/version")
@@ -163,11 +207,15 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
     @router.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         warn_extra(body)
+        validate_chat_request(body, limits)
+        admit()
         return await chat.create(body, request)
 
     @router.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         warn_extra(body)
+        validate_completion_request(body, limits)
+        admit()
         return await completion.create(body, request)
 
     @router.post("/tokenize")
@@ -176,15 +224,9 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise APIError("Send exactly one of prompt or messages.", 400, "prompt")
         if body.messages is not None:
-            text = ctx.engine.apply_chat_template(
-                messages_to_dicts(body.messages),
-                add_generation_prompt=body.add_generation_prompt,
-                chat_template_kwargs=body.chat_template_kwargs,
-            )
-            ids = ctx.tokenizer.encode(text, add_special_tokens=False)
-        else:
-            ids = ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-        ids = list(ids)
+            validate_messages(body.messages)
+            validate_template_kwargs(body.chat_template_kwargs, limits.reserved_template_kwargs)
+        ids = await ctx.run_prepare(_tokenize_body, ctx, body)
         return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=ctx.max_model_len)
 
     @router.post("/detokenize")
@@ -217,6 +259,28 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
         router.add_api_route("/metrics", metrics, methods=["GET"])
     app.include_router(router)
     return app
+
+
+def engine_stalled_for(engine_client: Any) -> float:
+    """Seconds the engine loop has had work pending without progress (0 for a stand-in)."""
+    stalled = getattr(engine_client, "stalled_for", None)
+    return float(stalled()) if callable(stalled) else 0.0
+
+
+def _tokenize_body(ctx: ServingContext, body: TokenizeRequest) -> list[int]:
+    if body.messages is not None:
+        try:
+            text = ctx.engine.apply_chat_template(
+                messages_to_dicts(body.messages),
+                add_generation_prompt=body.add_generation_prompt,
+                chat_template_kwargs=body.chat_template_kwargs,
+            )
+        except (APIError, ValueError):
+            raise
+        except Exception as exc:
+            raise APIError(f"Could not apply the chat template: {exc}", 400, "messages") from None
+        return list(ctx.tokenizer.encode(text, add_special_tokens=False))
+    return list(ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
 
 
 def describe_config(engine_args: Any, server_args: ServerArgs) -> str:
