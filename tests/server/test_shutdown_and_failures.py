@@ -129,12 +129,17 @@ def test_engine_error_mid_stream_sends_error_then_done(make_fake_server: Any) ->
     stream_events(srv.base_url + "/v1/completions", body, events)
     assert events[-1] == "[DONE]"
     error = events[-2]
-    assert isinstance(error, dict) and "injected failure" in error["error"]["message"]
+    # The client gets a generic message with the request id; the detail goes to the log.
+    assert isinstance(error, dict) and "Internal server error" in error["error"]["message"]
+    assert "injected failure" not in error["error"]["message"]
     r = httpx.post(
         srv.base_url + "/v1/completions",
         json={"model": "fake", "prompt": "please FAIL now", "max_tokens": 10},
+        headers={"X-Request-Id": "fail-42"},
     )
-    assert r.status_code == 500 and "injected failure" in r.json()["error"]["message"]
+    assert r.status_code == 500 and "fail-42" in r.json()["error"]["message"]
+    assert "injected failure" not in r.json()["error"]["message"]
+    assert "injected failure" in srv.log() and "fail-42" in srv.log()
     # the server lives on
     ok = httpx.post(
         srv.base_url + "/v1/completions", json={"model": "fake", "prompt": "Hi", "max_tokens": 2}

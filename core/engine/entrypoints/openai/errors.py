@@ -89,6 +89,29 @@ def queue_full(exc: Exception) -> APIError:
     )
 
 
+def internal_error(request_id: str | None) -> APIError:
+    """The 500 a client sees: no exception text (it may hold paths, user names, addresses);
+    the full detail goes to the server log under the same request id."""
+    return APIError(
+        f"Internal server error while serving request {request_id or 'unknown'}; the "
+        "server log has the details under this request id.",
+        500,
+        code="internal_error",
+    )
+
+
+def internal_error_body(request_id: str | None) -> dict[str, Any]:
+    exc = internal_error(request_id)
+    return error_body(exc.message, 500, code=exc.code)
+
+
+def stream_error_body(exc: BaseException, request_id: str | None) -> dict[str, Any]:
+    """The error chunk for a stream that failed after its headers went out."""
+    if isinstance(exc, APIError):
+        return error_body(exc.message, exc.status, exc.param, exc.code)
+    return internal_error_body(request_id)
+
+
 def describe_validation_errors(errors: list[Any]) -> tuple[str, str | None]:
     """One readable message from pydantic errors, and the first offending field."""
     parts = []
@@ -163,5 +186,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("internal error while serving %s", request.url.path)
-        return error_response(APIError(f"Internal server error: {type(exc).__name__}: {exc}", 500))
+        request_id = getattr(request.state, "request_id", None)
+        logger.error(
+            "internal error while serving %s (request %s)",
+            request.url.path,
+            request_id,
+            exc_info=exc,
+        )
+        return error_response(internal_error(request_id))

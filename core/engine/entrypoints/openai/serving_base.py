@@ -8,16 +8,17 @@ timeout, an error) aborts the request in the engine, which frees its KV blocks a
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
 from fastapi import Request
 
-from engine.entrypoints.openai.errors import APIError, model_not_found
+from engine.entrypoints.openai.errors import APIError, internal_error, model_not_found
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import SamplingFields
 from engine.errors import EngineError, QueueFullError
@@ -56,6 +57,39 @@ class ServingContext:
     log_requests: bool = False
     max_logprobs: int = 20
     inflight: InflightRequests = field(default_factory=InflightRequests)
+    # Template rendering and tokenization run off the event loop, each within this deadline.
+    prepare_timeout_s: float = 10.0
+    max_prepare_workers: int = 4
+    _prepare_pool: concurrent.futures.ThreadPoolExecutor | None = field(
+        default=None, init=False, repr=False
+    )
+
+    async def run_prepare(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the prepare thread pool; 400 once it exceeds the deadline.
+
+        A thread cannot be stopped, so a runaway render keeps its worker until it ends; the
+        pool is bounded (``max_prepare_workers``), so such renders cannot multiply threads.
+        """
+        if self._prepare_pool is None:
+            self._prepare_pool = concurrent.futures.ThreadPoolExecutor(
+                self.max_prepare_workers, thread_name_prefix="prepare"
+            )
+        future = asyncio.get_running_loop().run_in_executor(self._prepare_pool, fn, *args)
+        try:
+            return await asyncio.wait_for(future, self.prepare_timeout_s)
+        except TimeoutError:
+            raise APIError(
+                f"chat template rendering and tokenization exceeded {self.prepare_timeout_s:g} s "
+                "(the server's --request-prepare-timeout); shorten the messages or the prompt",
+                400,
+                "messages",
+                "prepare_timeout",
+            ) from None
+
+    def would_reject(self) -> str | None:
+        """Why a new request would be refused for a full queue (cheap; before any work)."""
+        check = getattr(self.engine, "would_reject", None)
+        return check() if callable(check) else None
 
     @property
     def tokenizer(self) -> Any:
@@ -181,14 +215,22 @@ class EngineStream:
             out: RequestOutput = await self._gen.__anext__()
         except (StopAsyncIteration, QueueFullError, APIError):
             raise
-        except ValueError as exc:  # the engine's RequestValidationError: bad input
+        except ValueError as exc:  # RequestValidationError (or params.validate): bad input
             self.finished = True
             raise APIError(str(exc), 400) from None
         except EngineError as exc:
             self.finished = True
             if type(exc).__name__ == "EngineDeadError":
-                raise APIError(f"The engine is not running: {exc}", 503) from None
-            raise APIError(f"The engine failed on this request: {exc}", 500) from None
+                logger.error("request %s: engine not running: %s", self.req_id, exc)
+                raise APIError(
+                    "The engine is not running; retry on another replica.", 503
+                ) from None
+            logger.error("request %s failed in the engine: %s", self.req_id, exc)
+            raise internal_error(self.req_id) from None
+        except Exception:
+            self.finished = True
+            logger.exception("request %s failed in the engine", self.req_id)
+            raise internal_error(self.req_id) from None
         if out.finished:
             self.finished = True
         return out

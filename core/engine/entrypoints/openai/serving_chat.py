@@ -21,7 +21,12 @@ from engine.entrypoints.openai.choice_state import (
     finish_open,
     record_finish,
 )
-from engine.entrypoints.openai.errors import APIError, error_body
+from engine.entrypoints.openai.errors import (
+    APIError,
+    internal_error,
+    internal_error_body,
+    stream_error_body,
+)
 from engine.entrypoints.openai.logprobs import TokenText, chat_logprobs
 from engine.entrypoints.openai.protocol import (
     AssistantMessage,
@@ -82,8 +87,8 @@ class ChatServing:
 
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         model = self.ctx.resolve_model(req.model)
-        prompt_ids, params = self._prepare(req)
         req_id = new_request_id(raw)
+        prompt_ids, params = await self.ctx.run_prepare(self._prepare, req)
         stream = EngineStream(
             self.ctx, prompt_ids, params, req_id, priority=req.priority, cache_salt=req.cache_salt
         )
@@ -147,7 +152,8 @@ class ChatServing:
         text_of = TokenText(self.ctx.tokenizer)
         async for out in outputs_from(stream, first):
             if out.error:
-                raise APIError(f"The engine failed on this request: {out.error}", 500)
+                logger.error("request %s failed in the engine: %s", meta.id, out.error)
+                raise internal_error(meta.id)
             num_new = sum(len(d.token_ids) for d in advance_all(states, out).values())
             tracker.on_tokens(num_new)
         finish_open(states)
@@ -184,7 +190,8 @@ class ChatServing:
                 yield sse_event(meta.chunk([ChatChunkChoice(index=s.index, delta=role)]))
             async for out in outputs_from(stream, first):
                 if out.error:
-                    yield sse_event(error_body(f"The engine failed: {out.error}", 500))
+                    logger.error("request %s failed in the engine: %s", meta.id, out.error)
+                    yield sse_event(internal_error_body(meta.id))
                     yield DONE
                     return
                 deltas = advance_all(states, out)
@@ -199,9 +206,9 @@ class ChatServing:
             if req.stream_options is not None and req.stream_options.include_usage:
                 yield sse_event(meta.chunk([], usage=meta.usage(states)))
             yield DONE
-        except Exception as exc:  # an engine error mid-stream: tell the client, then end
+        except Exception as exc:  # an error mid-stream: tell the client, then end
             logger.exception("chat stream %s failed", meta.id)
-            yield sse_event(error_body(f"The engine failed: {type(exc).__name__}: {exc}", 500))
+            yield sse_event(stream_error_body(exc, meta.id))
             yield DONE
         finally:
             tracker.close(meta.num_prompt_tokens)

@@ -23,7 +23,12 @@ from engine.entrypoints.openai.choice_state import (
     finish_open,
     record_finish,
 )
-from engine.entrypoints.openai.errors import APIError, error_body
+from engine.entrypoints.openai.errors import (
+    APIError,
+    internal_error,
+    internal_error_body,
+    stream_error_body,
+)
 from engine.entrypoints.openai.logprobs import TokenText, completion_logprobs
 from engine.entrypoints.openai.protocol import (
     CompletionChoice,
@@ -81,8 +86,8 @@ class CompletionServing:
 
     async def create(self, req: CompletionRequest, raw: Request) -> Response:
         model = self.ctx.resolve_model(req.model)
-        prompts = self._prepare(req)
         req_id = new_request_id(raw)
+        prompts = await self.ctx.run_prepare(self._prepare, req)
         meta = _Meta(f"cmpl-{req_id}", int(time.time()), model, req.n, req, prompts)
         streams: list[EngineStream] = []
         try:
@@ -179,7 +184,8 @@ class CompletionServing:
         states = [ChoiceState(i) for i in range(len(meta.prompts) * meta.n)]
         async for p_idx, out in _chain(first, merged):
             if out.error:
-                raise APIError(f"The engine failed on this request: {out.error}", 500)
+                logger.error("request %s failed in the engine: %s", meta.id, out.error)
+                raise internal_error(meta.id)
             if out.prompt_logprobs is not None:
                 meta.prompts[p_idx].prompt_logprobs = out.prompt_logprobs
             deltas = advance_all(states, out, p_idx * meta.n)
@@ -240,7 +246,8 @@ class CompletionServing:
                     yield sse_event(self._chunk(meta, s.index, prompt.text, None))
             async for p_idx, out in _chain(first, merged):
                 if out.error:
-                    yield sse_event(error_body(f"The engine failed: {out.error}", 500))
+                    logger.error("request %s failed in the engine: %s", meta.id, out.error)
+                    yield sse_event(internal_error_body(meta.id))
                     yield DONE
                     return
                 deltas = advance_all(states, out, p_idx * meta.n)
@@ -265,7 +272,7 @@ class CompletionServing:
             yield DONE
         except Exception as exc:
             logger.exception("completion stream %s failed", meta.id)
-            yield sse_event(error_body(f"The engine failed: {type(exc).__name__}: {exc}", 500))
+            yield sse_event(stream_error_body(exc, meta.id))
             yield DONE
         finally:
             tracker.close(sum(len(p.token_ids) for p in meta.prompts))
