@@ -22,13 +22,14 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineArgs
 from engine.core.outputs import SchedulerStats
-from engine.errors import EngineError
+from engine.errors import EngineError, RequestValidationError
 from engine.llm_engine import LLMEngine, StatsListener
 from engine.outputs import RequestOutput
 from engine.outputs_processing import EngineCounters
@@ -79,6 +80,9 @@ class AsyncLLM:
         self._counters = engine.counters()
         self.dead_error: EngineDeadError | None = None
         self._ids = itertools.count()
+        # Written by the engine thread each loop iteration; read by /health and the watchdog.
+        self._heartbeat = time.monotonic()
+        self._idle = False  # True while the engine thread blocks waiting for commands
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         if start:
             self._thread.start()
@@ -132,6 +136,44 @@ class AsyncLLM:
         """Running totals as of the last step (a snapshot; safe from any thread)."""
         with self._stats_lock:
             return self._counters
+
+    # -- liveness and admission (cheap, safe from any thread) ---------------------------------
+
+    def stalled_for(self) -> float:
+        """Seconds the loop has had work pending (requests in flight or commands queued)
+        without finishing an iteration; 0 when idle or progressing."""
+        if self._idle or (not self._streams and self._inbox.empty()):
+            return 0.0
+        return max(0.0, time.monotonic() - self._heartbeat)
+
+    def would_reject(self) -> str | None:
+        """Why a new request would meet a full waiting queue (``--max-num-queued-reqs``),
+        from the last step's count plus adds not yet applied; None if it would fit.
+
+        A pre-check for the server to refuse before tokenizing: the scheduler still enforces
+        both bounds exactly when the request is added.
+        """
+        scheduler = getattr(self.engine.engine_core, "scheduler", None)
+        max_reqs = getattr(getattr(scheduler, "config", None), "max_num_queued_reqs", None)
+        if max_reqs is None:
+            return None
+        with self._stats_lock:
+            num_waiting = self._last_stats.num_waiting
+        num_waiting += self._inbox.qsize()
+        if num_waiting >= max_reqs:
+            return (
+                f"{num_waiting} requests are waiting, the bound set by --max-num-queued-reqs "
+                f"({max_reqs})"
+            )
+        return None
+
+    def declare_dead(self, reason: str) -> None:
+        """Fail every request in flight with ``EngineDeadError`` from outside the engine
+        thread (the watchdog, when that thread is wedged and cannot do it itself)."""
+        error = EngineDeadError(reason)
+        self.dead_error = error
+        for stream in list(self._streams.values()):
+            self._send(stream, error)
 
     def add_stats_listener(self, listener: StatsListener) -> None:
         """``listener(IterationStats)`` after each step, called from the engine thread.
@@ -217,6 +259,7 @@ class AsyncLLM:
 
     def _loop(self) -> None:
         while True:
+            self._heartbeat = time.monotonic()
             idle = not self.engine.has_unfinished_requests()
             if not self._apply_commands(block=idle):
                 return
@@ -234,10 +277,14 @@ class AsyncLLM:
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued adds and aborts; False once shutdown was asked for."""
         while True:
+            self._idle = block
             try:
                 cmd = self._inbox.get(block=block)
             except queue.Empty:
                 return True
+            finally:
+                self._heartbeat = time.monotonic()
+                self._idle = False
             block = False
             if cmd is _STOP:
                 return False
@@ -252,7 +299,9 @@ class AsyncLLM:
         request_id = cmd.prepared.request_id
         if request_id in self._streams:
             cmd.done.set_exception(
-                ValueError(f"request id {request_id!r} is already running; use a unique id")
+                RequestValidationError(
+                    f"request id {request_id!r} is already running; use a unique id"
+                )
             )
             return
         try:

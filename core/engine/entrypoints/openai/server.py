@@ -3,6 +3,11 @@
 On the first SIGTERM (or Ctrl-C) the server answers new requests with 503, waits up to
 ``--shutdown-timeout`` seconds for in-flight requests, aborts the rest (they end with
 ``finish_reason: "abort"``) and exits 0. A second Ctrl-C aborts at once.
+
+A watchdog ends the server (exit code 1) when the engine loop has had work pending and made
+no progress for ``--watchdog-timeout`` seconds, so an orchestrator restarts it; requests in
+flight get an error first. HTTP parsing is h11's, whose incomplete-event limit bounds the
+request line plus headers (``--max-header-bytes``); httptools has no such bound.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from typing import Any
 import uvicorn
 
 from engine.config import EngineArgs
-from engine.entrypoints.openai.api_server import build_app, describe_config
+from engine.entrypoints.openai.api_server import build_app, describe_config, engine_stalled_for
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.serving_base import ServingContext
+from engine.errors import EngineError
 from engine.server_config import ServerArgs
 
 logger = logging.getLogger("engine.server")
@@ -28,17 +34,28 @@ _ABORT_GRACE_S = 5.0
 
 
 class EngineServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, ctx: ServingContext, shutdown_timeout: float):
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        ctx: ServingContext,
+        shutdown_timeout: float,
+        watchdog_timeout: float = 0.0,
+    ) -> None:
         super().__init__(config)
         self.ctx = ctx
         self.shutdown_timeout = shutdown_timeout
+        self.watchdog_timeout = watchdog_timeout
+        self.watchdog_fired: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task[None] | None = None
+        self._watchdog_task: asyncio.Task[None] | None = None
         self._signals = 0
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        if self.started and self.watchdog_timeout > 0:
+            self._watchdog_task = asyncio.ensure_future(self._watchdog())
         if self.started:
             cfg = self.config
             scheme = "https" if cfg.ssl_certfile else "http"
@@ -62,6 +79,28 @@ class EngineServer(uvicorn.Server):
             asyncio.ensure_future(self._abort_and_exit())
         elif self._drain_task is None:
             self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _watchdog(self) -> None:
+        """Exit non-zero once the engine loop is wedged (pending work, no progress)."""
+        poll_s = min(1.0, self.watchdog_timeout / 4)
+        while not self.should_exit:
+            await asyncio.sleep(poll_s)
+            stalled_s = engine_stalled_for(self.ctx.engine)
+            if stalled_s <= self.watchdog_timeout:
+                continue
+            self.watchdog_fired = (
+                f"watchdog: the engine loop made no progress for {stalled_s:.0f} s with "
+                f"requests pending (--watchdog-timeout {self.watchdog_timeout:g}); exiting so "
+                "the server can be restarted"
+            )
+            logger.error("%s", self.watchdog_fired)
+            self.ctx.inflight.draining = True
+            declare_dead = getattr(self.ctx.engine, "declare_dead", None)
+            if callable(declare_dead):
+                declare_dead(self.watchdog_fired)
+            await asyncio.sleep(0.5)  # let the failed streams send their error chunks
+            self.should_exit = True
+            return
 
     async def _drain(self) -> None:
         inflight = self.ctx.inflight
@@ -121,6 +160,7 @@ def run_server(
         engine_factory = AsyncLLM.from_args
     logger.info("Resolved configuration:\n%s", describe_config(engine_args, server_args))
     engine_client = engine_factory(engine_args)
+    server: EngineServer | None = None
     try:
         names = server_args.served_model_name or [default_served_name(engine_args.model)]
         ctx = ServingContext(
@@ -141,12 +181,21 @@ def run_server(
             access_log=server_args.enable_log_requests,
             ssl_keyfile=server_args.ssl_keyfile,
             ssl_certfile=server_args.ssl_certfile,
-            h11_max_incomplete_event_size=server_args.max_request_body_bytes,
+            http="h11",
+            h11_max_incomplete_event_size=server_args.max_header_bytes,
             timeout_graceful_shutdown=int(_ABORT_GRACE_S),
             timeout_keep_alive=5,
             lifespan="on",
         )
-        EngineServer(config, ctx, server_args.shutdown_timeout).run()
+        server = EngineServer(
+            config, ctx, server_args.shutdown_timeout, server_args.watchdog_timeout
+        )
+        server.run()
+        if server.watchdog_fired:
+            raise EngineError(server.watchdog_fired)
     finally:
-        engine_client.shutdown()
+        if server is not None and server.watchdog_fired:
+            engine_client.shutdown(timeout=1.0)  # the loop is wedged: do not wait long
+        else:
+            engine_client.shutdown()
         logger.info("Engine stopped.")
