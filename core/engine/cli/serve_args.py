@@ -104,6 +104,14 @@ def _kind(dest: str, annotation: Any) -> str:
     return "str"
 
 
+# Fields whose flag is not the field name with dashes (dotted names group related settings,
+# and the YAML file may nest them: ``structured_outputs_config: {backend: outlines}``).
+_FLAG_NAMES = {
+    "plugins": "--plugin",
+    "structured_outputs_backend": "--structured-outputs-config.backend",
+}
+
+
 def flag_specs() -> list[FlagSpec]:
     """All flags, engine fields first, in dataclass order."""
     specs: list[FlagSpec] = []
@@ -116,7 +124,7 @@ def flag_specs() -> list[FlagSpec]:
                 default = f.default_factory()
             else:
                 default = None
-            flag = "--plugin" if f.name == "plugins" else "--" + f.name.replace("_", "-")
+            flag = _FLAG_NAMES.get(f.name, "--" + f.name.replace("_", "-"))
             specs.append(
                 FlagSpec(
                     dest=f.name,
@@ -195,6 +203,7 @@ def load_config_file(path: str, specs: list[FlagSpec]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UsageError(f"--config: {path!r} must hold a mapping of flag names to values")
     lookup = _spec_by_key(specs)
+    data = _flatten_dotted(data, lookup)
     unknown = [k for k in data if str(k).replace("-", "_") not in lookup]
     if unknown:
         hints = []
@@ -210,6 +219,21 @@ def load_config_file(path: str, specs: list[FlagSpec]) -> dict[str, Any]:
         if spec.kind == "list" and isinstance(value, str) and spec.dest == "plugins":
             value = [value]
         out[spec.dest] = spec.convert(value)
+    return out
+
+
+def _flatten_dotted(data: dict[Any, Any], lookup: dict[str, FlagSpec]) -> dict[Any, Any]:
+    """``{"structured_outputs_config": {"backend": x}}`` -> ``{"structured_outputs_config.backend":
+    x}`` where the dotted name is a flag; other keys stay as they are."""
+    out: dict[Any, Any] = {}
+    for key, value in data.items():
+        prefix = str(key).replace("-", "_")
+        if isinstance(value, dict) and prefix not in lookup:
+            for sub, sub_value in value.items():
+                dotted = f"{prefix}.{str(sub).replace('-', '_')}"
+                out[dotted if dotted in lookup else f"{key}.{sub}"] = sub_value
+            continue
+        out[key] = value
     return out
 
 
