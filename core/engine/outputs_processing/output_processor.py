@@ -88,36 +88,35 @@ class OutputProcessor:
         """Apply one step's EngineCoreOutputs; return updated RequestOutputs (input order)."""
         now = time.monotonic()
         result = ProcessedOutputs()
+        to_finish = result.req_ids_to_finish
+        itl = it_stats.inter_token_latencies if it_stats is not None else None
+        states = self._states
         touched: dict[str, ParentRequest] = {}
         for out in core_outputs:
-            entry = self._states.get(str(out.req_id))
+            entry = states.get(out.req_id)
             if entry is None:
                 continue  # aborted by the caller while the step ran
             parent, state = entry
-            if state.finished:
+            if state.finish_reason is not None:
                 continue
             is_first = state.timing.first_token_time is None
-            itl, needs_finish = state.process(out, now)
-            if needs_finish:
-                result.req_ids_to_finish.append(state.req_id)
+            if state.process(out, now, itl):
+                to_finish.append(state.req_id)
             if it_stats is not None:
-                self._record(it_stats, state, out, is_first, itl)
+                self._record(it_stats, state, out, is_first)
             touched[parent.request_id] = parent
+        request_outputs = result.request_outputs
         for parent in touched.values():
-            result.request_outputs.append(parent.take_output())
-            if parent.finished:
+            request_output = parent.take_output()
+            request_outputs.append(request_output)
+            if request_output.finished:
                 self._remove(parent)
         return result
 
     def _record(
-        self,
-        it_stats: IterationStats,
-        state: RequestState,
-        out: Any,
-        is_first: bool,
-        itl: list[float],
+        self, it_stats: IterationStats, state: RequestState, out: Any, is_first: bool
     ) -> None:
-        num_new = len(out.new_token_ids or [])
+        num_new = len(out.new_token_ids) if out.new_token_ids else 0
         it_stats.num_generation_tokens += num_new
         if is_first and num_new:
             if state.index == 0:  # n > 1 sequences share one prompt: count it once
@@ -126,8 +125,7 @@ class OutputProcessor:
             it_stats.time_to_first_tokens.append(
                 state.timing.first_token_time - state.timing.arrival_time
             )
-        it_stats.inter_token_latencies.extend(itl)
-        if state.finished:
+        if state.finish_reason is not None:
             it_stats.finished_requests.append(state.finished_stats())
 
     def abort_requests(

@@ -45,7 +45,10 @@ class ParentRequest:
 
     @property
     def finished(self) -> bool:
-        return all(c.finished for c in self.children)
+        for child in self.children:
+            if child.finish_reason is None:
+                return False
+        return True
 
     @property
     def has_update(self) -> bool:
@@ -53,17 +56,25 @@ class ParentRequest:
 
     def take_output(self) -> RequestOutput:
         """All n completions (cumulative) with each one's delta since the last output."""
-        first = self.children[0]
-        errors = [c.error for c in self.children if c.error]
+        children = self.children
+        first = children[0]
+        if len(children) == 1:  # n == 1: every step of every request comes through here
+            outputs = [first.take_output()]
+            finished = first.finish_reason is not None
+            error = first.error or None
+        else:
+            outputs = [c.take_output() for c in children]
+            finished = self.finished
+            errors = [c.error for c in children if c.error]
+            error = errors[0] if errors else None
+        prompt_logprobs = first.prompt_logprobs
         return RequestOutput(
-            request_id=self.request_id,
-            prompt=self.prompt,
-            prompt_token_ids=self.prompt_token_ids,
-            outputs=[c.take_output() for c in self.children],
-            finished=self.finished,
-            prompt_logprobs=(
-                list(first.prompt_logprobs) if first.prompt_logprobs is not None else None
-            ),
-            num_cached_tokens=first.num_cached_tokens,
-            error=errors[0] if errors else None,
+            self.request_id,
+            self.prompt,
+            self.prompt_token_ids,
+            outputs,
+            finished,
+            prompt_logprobs[:] if prompt_logprobs is not None else None,
+            first.num_cached_tokens,
+            error,
         )

@@ -53,6 +53,7 @@ class RequestState:
             tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens
         )
         self.stop_checker = StopStringChecker(params.stop, params.include_stop_str_in_output)
+        self._has_stops = self.stop_checker.active  # else the checker is bypassed
         self.token_ids: list[int] = []
         self.text = ""
         self.logprobs: list[Logprobs] | None = [] if params.logprobs is not None else None
@@ -72,41 +73,51 @@ class RequestState:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def process(self, core_output: Any, now: float) -> tuple[list[float], bool]:
-        """Apply one EngineCoreOutput.
+    def process(self, core_output: Any, now: float, itl: list[float] | None = None) -> bool:
+        """Apply one EngineCoreOutput; append inter-token latency samples to ``itl``.
 
-        Returns (inter-token latency samples, whether a stop string matched and the core
-        must be told to finish this request).
+        Returns whether a stop string matched and the core must be told to finish this
+        request. (Runs for every request every step: kept to plain attribute work.)
         """
-        assert not self.finished, f"output for finished request {self.req_id}"
+        assert self.finish_reason is None, f"output for finished request {self.req_id}"
         self.has_update = True
-        itl: list[float] = []
-        new_ids = [int(t) for t in (core_output.new_token_ids or [])]
         if core_output.num_cached_tokens:
             self.num_cached_tokens = int(core_output.num_cached_tokens)
-        first_scheduled = getattr(core_output, "first_scheduled_time", None)
-        if first_scheduled is not None and self.timing.first_scheduled_time is None:
-            self.timing.first_scheduled_time = first_scheduled
+        timing = self.timing
+        if timing.first_scheduled_time is None:
+            timing.first_scheduled_time = getattr(core_output, "first_scheduled_time", None)
         if core_output.new_prompt_logprobs and self.prompt_logprobs is not None:
             self.prompt_logprobs.extend(core_output.new_prompt_logprobs)
-        self._add_logprobs(core_output.new_logprobs)
-        if new_ids:
-            self._record_token_times(now, len(new_ids), itl)
+        if self.logprobs is not None and core_output.new_logprobs is not None:
+            self._add_logprobs(core_output.new_logprobs)
+        new_token_ids = core_output.new_token_ids
+        stop_checker = self.stop_checker
+        if new_token_ids:
+            new_ids = [int(t) for t in new_token_ids]
+            if timing.first_token_time is None:
+                timing.first_token_time = now
+            elif itl is not None and timing.last_token_time is not None:
+                itl.append((now - timing.last_token_time) / len(new_ids))
+            timing.last_token_time = now
             self.token_ids.extend(new_ids)
             self._delta_token_ids.extend(new_ids)
-            self._emit(self.stop_checker.update(self.detokenizer.update(new_ids)).delta_text)
-        stop_string = self.stop_checker.stopped
-        core_reason = finish_reason_str(core_output.finish_reason)
+            delta = self.detokenizer.update(new_ids)
+            if delta:
+                self._emit(stop_checker.update(delta).delta_text if self._has_stops else delta)
+        stop_string = stop_checker.stopped
+        core_reason = core_output.finish_reason
+        if core_reason is not None:
+            core_reason = finish_reason_str(core_reason)
         if stop_string is not None:
             self._finish("stop", stop_string, now)
-            return itl, core_reason is None
+            return core_reason is None
         if core_reason is not None:
             self._flush()
-            if self.stop_checker.stopped is not None:  # the flushed tail held a stop string
-                self._finish("stop", self.stop_checker.stopped, now)
+            if stop_checker.stopped is not None:  # the flushed tail held a stop string
+                self._finish("stop", stop_checker.stopped, now)
             else:
                 self._finish(core_reason, core_output.stop_reason, now)
-        return itl, False
+        return False
 
     def abort(self, now: float, reason: str = "abort", error: str | None = None) -> None:
         """Finish without the core (abort, engine error)."""
@@ -118,21 +129,14 @@ class RequestState:
         self._finish(reason, None, now)
 
     def _add_logprobs(self, new_logprobs: Any) -> None:
-        if self.logprobs is None or new_logprobs is None:
-            return
+        assert self.logprobs is not None
         items = new_logprobs if isinstance(new_logprobs, list) else [new_logprobs]
         self.logprobs.extend(items)
         self._delta_logprobs.extend(items)
 
-    def _record_token_times(self, now: float, num_new: int, itl: list[float]) -> None:
-        t = self.timing
-        if t.first_token_time is None:
-            t.first_token_time = now
-        elif t.last_token_time is not None:
-            itl.append((now - t.last_token_time) / num_new)
-        t.last_token_time = now
-
     def _emit(self, delta: str) -> None:
+        if not delta:
+            return
         self.text += delta
         self._delta_text += delta
 
@@ -140,6 +144,9 @@ class RequestState:
         if self.stop_checker.stopped is not None:
             return
         tail = self.detokenizer.flush()
+        if not self._has_stops:
+            self._emit(tail)
+            return
         if tail:
             self._emit(self.stop_checker.update(tail).delta_text)
         if self.stop_checker.stopped is None:
@@ -152,20 +159,23 @@ class RequestState:
 
     def take_output(self) -> CompletionOutput:
         """The cumulative CompletionOutput, with the delta since the last call."""
+        logprobs = self.logprobs
         out = CompletionOutput(
-            index=self.index,
-            text=self.text,
-            token_ids=list(self.token_ids),
-            finish_reason=self.finish_reason,
-            stop_reason=self.stop_reason,
-            logprobs=list(self.logprobs) if self.logprobs is not None else None,
-            delta_text=self._delta_text,
-            delta_token_ids=self._delta_token_ids,
-            delta_logprobs=self._delta_logprobs if self.logprobs is not None else None,
+            self.index,
+            self.text,
+            self.token_ids[:],
+            self.finish_reason,
+            self.stop_reason,
+            logprobs[:] if logprobs is not None else None,
+            self._delta_text,
+            self._delta_token_ids,
+            None,
         )
+        if logprobs is not None:
+            out.delta_logprobs = self._delta_logprobs
+            self._delta_logprobs = []
         self._delta_text = ""
         self._delta_token_ids = []
-        self._delta_logprobs = []
         self.has_update = False
         return out
 

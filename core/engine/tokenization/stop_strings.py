@@ -37,6 +37,11 @@ class StopStringChecker:
         self.num_released = 0
         self.stopped: str | None = None
 
+    @property
+    def active(self) -> bool:
+        """Whether there are stop strings at all (without them, text passes unchanged)."""
+        return bool(self._stop)
+
     def update(self, delta: str) -> StopResult:
         """Add newly decoded text; return what may be shown now and any stop string hit."""
         assert self.stopped is None, "update() after a stop string matched"
@@ -77,10 +82,24 @@ class StopStringChecker:
         return best
 
     def _held_back_len(self) -> int:
-        """Length of the longest suffix of the text that is a proper prefix of a stop."""
+        """Length of the longest suffix of the text that is a proper prefix of a stop.
+
+        Only the last ``len(stop) - 1`` characters can start such a suffix, and only where
+        the stop's first character occurs, so each stop costs a ``find`` or two in that
+        window rather than a comparison per suffix length:
+
+            text "... is 42\nEN"   stop "\nEND": find "\n" in the last 3 chars -> "\nEN"
+        """
         text = self.text
-        for length in range(min(self._max_len - 1, len(text)), 0, -1):
-            suffix = text[len(text) - length :]
-            if any(s.startswith(suffix) for s in self._stop):
-                return length
-        return 0
+        num_chars = len(text)
+        best = 0
+        for stop in self._stop:
+            first_char = stop[0]
+            # Candidate starts p give suffixes of length num_chars - p in (best, len(stop)).
+            p = text.find(first_char, max(0, num_chars - len(stop) + 1), num_chars - best)
+            while p != -1:
+                if stop.startswith(text[p:]):
+                    best = num_chars - p
+                    break
+                p = text.find(first_char, p + 1, num_chars - best)
+        return best
