@@ -33,7 +33,7 @@ from engine.errors import EngineError, RequestValidationError
 from engine.llm_engine import LLMEngine, StatsListener
 from engine.outputs import RequestOutput
 from engine.outputs_processing import EngineCounters
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, StructuredOutputsParams
 from engine.tokenization.input_processor import PreparedRequest, PromptType
 
 logger = logging.getLogger(__name__)
@@ -108,6 +108,21 @@ class AsyncLLM:
     @property
     def is_ready(self) -> bool:
         return self._thread.is_alive() and self.dead_error is None
+
+    @property
+    def reasoning_parser_cls(self) -> Any:
+        """The ``--reasoning-parser`` class, or ``None``."""
+        return self.engine.reasoning_parser_cls
+
+    def compile_structured_outputs_async(
+        self, params: StructuredOutputsParams, timeout_s: float | None = None
+    ) -> concurrent.futures.Future[Any]:
+        """Compile a constraint off the event loop and the engine thread (await it with
+        ``asyncio.wrap_future``); fails with ``RequestValidationError`` (HTTP 400)."""
+        future: concurrent.futures.Future[Any] = self.engine.compile_structured_outputs_async(
+            params, timeout_s
+        )
+        return future
 
     def default_sampling_params(self) -> SamplingParams:
         return self.engine.default_sampling_params()

@@ -20,7 +20,7 @@ from engine.core.request import ReqId, RequestStatus
 from engine.generation_config import merge_sampling_params, resolve_sampling_defaults
 from engine.outputs import RequestOutput
 from engine.outputs_processing import EngineCounters, IterationStats, OutputProcessor
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, StructuredOutputsParams
 from engine.tokenization import apply_chat_template, collect_eos_token_ids
 from engine.tokenization.input_processor import InputProcessor, PreparedRequest, PromptType
 
@@ -58,6 +58,10 @@ class LLMEngine:
         self._stats_listeners: list[StatsListener] = []
         self._last_num_preemptions = 0
         self.runner: Any = getattr(engine_core, "runner", None)
+        # Set by from_args: the grammar backend (None: none installed) and the reasoning
+        # parser class of --reasoning-parser (the server splits the think section with it).
+        self.structured_output_manager: Any = None
+        self.reasoning_parser_cls: Any = None
 
     # -- construction -------------------------------------------------------------------------
 
@@ -97,8 +101,45 @@ class LLMEngine:
             eos_token_ids=collect_eos_token_ids(tokenizer, model_gen_config),
             max_logprobs=args.max_logprobs,
         )
+        engine._setup_features(args, pm)
         engine._log_config(args, scheduler_config, kv_cache_config)
         return engine
+
+    def _setup_features(self, args: EngineArgs, pm: Any) -> None:
+        """Structured outputs (one manager, shared with an in-process runner) and the
+        reasoning parser; an unknown backend or parser name fails startup."""
+        from engine.structured_output.setup import (
+            build_structured_output_manager,
+            resolve_reasoning_parser,
+        )
+
+        self.reasoning_parser_cls = resolve_reasoning_parser(pm, args.reasoning_parser)
+        manager = build_structured_output_manager(
+            args, pm, self.tokenizer, self.vocab_size, self.input_processor.eos_token_ids
+        )
+        self.structured_output_manager = manager
+        state = getattr(self.runner, "structured_outputs", None)
+        if state is not None:
+            state.set_manager(manager)
+        if manager is not None:
+            manager.warmup()  # build the backend's vocabulary now, off this thread
+
+    def compile_structured_outputs_async(
+        self, params: StructuredOutputsParams, timeout_s: float | None = None
+    ) -> Any:
+        """A ``concurrent.futures.Future`` of the compiled constraint (never blocks); it
+        fails with ``RequestValidationError`` (a 400) for a bad or too slow constraint."""
+        from engine.structured_output.setup import require_manager
+
+        return require_manager(self.structured_output_manager).compile_async(params, timeout_s)
+
+    def _compile_structured_outputs(self, params: SamplingParams) -> None:
+        """Compile (or find cached) the request's constraint; ``RequestValidationError``."""
+        if params.structured_outputs is None:
+            return
+        from engine.structured_output.setup import require_manager
+
+        require_manager(self.structured_output_manager).compile(params.structured_outputs)
 
     def _log_config(self, args: EngineArgs, scheduler_config: Any, kv_cache_config: Any) -> None:
         set_args = {
@@ -161,7 +202,10 @@ class LLMEngine:
         """Tokenize and validate without touching engine state (safe from any thread)."""
         if params is None:
             params = self.default_sampling_params()
-        return self.input_processor.prepare(request_id, prompt, params, priority, cache_salt)
+        prepared = self.input_processor.prepare(request_id, prompt, params, priority, cache_salt)
+        # After validation; a cache hit when the server compiled it already (compile_async).
+        self._compile_structured_outputs(params)
+        return prepared
 
     def add_prepared_request(self, prepared: PreparedRequest) -> None:
         """Queue a prepared request (engine thread only)."""

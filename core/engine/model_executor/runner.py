@@ -7,6 +7,10 @@ tokens, runs the model, computes logits only for the rows that need them and sam
 Per-request state kept here: a ``torch.Generator`` for seeded requests (kept across
 preemption so a seeded request's tokens do not depend on scheduling) and how far prompt
 logprobs were reported; both are dropped when the request appears in ``finished_req_ids``.
+Structured outputs: a grammar matcher per constrained request (``StructuredOutputState``)
+gives the sampler an allowed-token mask per row and is advanced by the sampled tokens; the
+engine shares its ``StructuredOutputManager`` (``structured_outputs.set_manager``), a worker
+process builds its own on first use.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from engine.model_executor.memory import (
 from engine.model_executor.profiling import profile_gpu_memory
 from engine.model_executor.sampler import Sampler, SamplingBatch, compute_prompt_logprobs
 from engine.model_executor.source import ModelSource
+from engine.structured_output.runner_state import ReasoningGate, StructuredOutputState
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +73,9 @@ class ModelRunner:
         )
         self.vocab_size = int(source.hf_config.vocab_size)
         self.sampler = sampler if sampler is not None else Sampler()
+        self.structured_outputs = StructuredOutputState(
+            lambda: self._build_structured_output_manager(pm), lambda tok: self._gate(pm, tok)
+        )
         self.plan = self._plan_memory(free_at_start)
         self.num_blocks = self.plan.num_blocks
         self.kv_caches = self.allocate_kv_caches(self.num_blocks)
@@ -189,6 +197,21 @@ class ModelRunner:
         graphs.capture()
         return graphs
 
+    def _build_structured_output_manager(self, pm: Any) -> Any:
+        """A manager of this process's own (worker processes; the engine shares its own)."""
+        from engine.structured_output.setup import build_structured_output_manager
+        from engine.tokenization import collect_eos_token_ids
+
+        tokenizer = self.source.load_tokenizer()
+        eos_ids = collect_eos_token_ids(tokenizer, self.source.generation_config())
+        return build_structured_output_manager(self.args, pm, tokenizer, self.vocab_size, eos_ids)
+
+    def _gate(self, pm: Any, tokenizer: Any) -> ReasoningGate | None:
+        from engine.structured_output.setup import resolve_reasoning_parser
+
+        parser_cls = resolve_reasoning_parser(pm, self.args.reasoning_parser)
+        return None if parser_cls is None else ReasoningGate(parser_cls(tokenizer), tokenizer)
+
     # -- one step -------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -196,6 +219,8 @@ class ModelRunner:
         for req_id in so.finished_req_ids:
             self._generators.pop(req_id, None)
             self._prompt_logprobs_done.pop(req_id, None)
+        self.structured_outputs.drop(so.finished_req_ids)
+        self.structured_outputs.drop(so.preempted_req_ids)
         output = ModelRunnerOutput()
         if so.is_empty:
             return output
@@ -236,8 +261,11 @@ class ModelRunner:
             generators=[self._generator(sr) for sr in requests],
             prompt_token_ids=[sr.request.prompt_token_ids for sr in requests],
             output_token_ids=[sr.request.output_token_ids for sr in requests],
+            allowed_token_masks=self.structured_outputs.masks(requests, logits.shape[1]),
         )
-        return self.sampler(logits[inputs.num_prompt_rows :], batch)
+        sampled = self.sampler(logits[inputs.num_prompt_rows :], batch)
+        self.structured_outputs.accept(requests, sampled.token_ids)
+        return sampled
 
     def _generator(self, sr: ScheduledRequest) -> torch.Generator | None:
         seed = sr.request.sampling_params.seed
