@@ -28,7 +28,7 @@ from engine.entrypoints.openai.errors import (
     install_error_handlers,
     queue_full,
 )
-from engine.entrypoints.openai.http_limits import BodySizeLimitMiddleware
+from engine.entrypoints.openai.http_limits import RequestSizeLimitMiddleware
 from engine.entrypoints.openai.metrics import CONTENT_TYPE
 from engine.entrypoints.openai.openapi_schema import install_openapi
 from engine.entrypoints.openai.protocol import (
@@ -154,7 +154,11 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
             allow_methods=["*"],
             allow_headers=["*"],
         )
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=server_args.max_request_body_bytes)
+    app.add_middleware(
+        RequestSizeLimitMiddleware,
+        max_bytes=server_args.max_request_body_bytes,
+        max_header_bytes=server_args.max_header_bytes,
+    )
     app.add_middleware(RequestIdMiddleware, ctx=ctx)
 
     auth = Depends(make_api_key_dependency(server_args.api_key))

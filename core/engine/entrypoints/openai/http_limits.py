@@ -1,5 +1,9 @@
-"""Request-size limit: a body over ``--max-request-body-bytes`` is refused with 413 before it
-is read into memory (header sizes are bounded by uvicorn's h11 parser, see ``server.py``).
+"""Request-size limits: headers over ``--max-header-bytes`` are refused with 431, a body over
+``--max-request-body-bytes`` with 413 before it is read into memory.
+
+uvicorn's h11 parser bounds what it buffers of an incomplete request head (``server.py``
+sets that to the header limit too), but a head that arrives whole in one read is passed
+on whatever its size, hence the second check here.
 
 A declared ``Content-Length`` over the limit is refused at once, unread. A body without one
 (chunked) is read up to the limit and refused as soon as it passes it. An accepted body is
@@ -28,15 +32,35 @@ def _too_large(limit: int) -> JSONResponse:
     return JSONResponse(body, status_code=413, headers={"Connection": "close"})
 
 
-class BodySizeLimitMiddleware:
-    """Pure ASGI middleware: 413 for bodies over ``max_bytes``."""
+def _headers_too_large(limit: int) -> JSONResponse:
+    body = error_body(
+        f"The request headers are larger than the server's limit of {limit} bytes "
+        "(--max-header-bytes); send fewer or shorter headers.",
+        431,
+        code="headers_too_large",
+    )
+    return JSONResponse(body, status_code=431, headers={"Connection": "close"})
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+
+class RequestSizeLimitMiddleware:
+    """Pure ASGI middleware: 431 for heads over ``max_header_bytes``, 413 for bodies over
+    ``max_bytes``."""
+
+    def __init__(self, app: Any, max_bytes: int, max_header_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_header_bytes = max_header_bytes
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        head_size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+        head_size += sum(len(k) + len(v) + 4 for k, v in scope.get("headers") or [])
+        if head_size > self.max_header_bytes:
+            await _headers_too_large(self.max_header_bytes)(scope, receive, send)
+            return
+        if scope.get("method") not in _BODY_METHODS:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")

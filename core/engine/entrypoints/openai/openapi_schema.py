@@ -32,6 +32,7 @@ ERROR_STATUSES = {
     "409": "A request with this X-Request-Id is already running.",
     "413": "Request body over --max-request-body-bytes.",
     "429": "Rate limited.",
+    "431": "Request headers over --max-header-bytes.",
     "500": "Internal error (generic message and the request id; details in the server log).",
     "503": "Queue full, engine not running, or shutting down (see Retry-After).",
 }
