@@ -172,12 +172,27 @@ class Scheduler:
         return output
 
     def _schedule_running(self, state: _StepState) -> None:
+        # Runs for every running request every step: locals instead of repeated lookups.
+        running = self.running
+        allocate_slots = self.kv.allocate_slots
+        threshold = self.config.long_prefill_token_threshold
         i = 0
-        while i < len(self.running) and state.token_budget > 0:
-            request = self.running[i]
-            num_new_tokens = self._cap_new_tokens(request.num_tokens - request.num_computed_tokens)
-            num_new_tokens = min(num_new_tokens, state.token_budget)
+        while i < len(running) and state.token_budget > 0:
+            request = running[i]
+            num_new_tokens = (
+                len(request.prompt_token_ids)
+                + len(request.output_token_ids)
+                - request.num_computed_tokens
+            )
+            if 0 < threshold < num_new_tokens:
+                num_new_tokens = threshold
+            if num_new_tokens > state.token_budget:
+                num_new_tokens = state.token_budget
             assert num_new_tokens > 0, f"running request {request.req_id} has nothing to compute"
+            if allocate_slots(request, num_new_tokens) is not None:
+                self._add_scheduled(state, request, num_new_tokens)
+                i += 1
+                continue
             index = self._allocate_or_preempt(request, i, num_new_tokens, state)
             if index is not None:
                 self._add_scheduled(state, request, num_new_tokens)
@@ -239,16 +254,24 @@ class Scheduler:
         self.running.append(request)
 
     def _add_scheduled(self, state: _StepState, request: Request, num_new_tokens: int) -> None:
-        self.kv.mark_pending(request, num_new_tokens)
+        kv = self.kv
+        kv.mark_pending(request, num_new_tokens)
+        req_id = request.req_id
         start = request.num_computed_tokens
         end = start + num_new_tokens
-        state.scheduled[request.req_id] = ScheduledRequest(
-            req_id=request.req_id,
-            token_ids=token_slice(request, start, end),
-            start_position=start,
-            block_ids=list(self.kv.get_block_ids(request.req_id)),
-            sample=end == request.num_tokens,
-            request=request,
+        num_prompt_tokens = len(request.prompt_token_ids)
+        if start >= num_prompt_tokens:  # decoding: the last output token(s)
+            outputs = request.output_token_ids
+            token_ids = outputs[start - num_prompt_tokens : end - num_prompt_tokens]
+            sample = end == num_prompt_tokens + len(outputs)
+        else:
+            token_ids = token_slice(request, start, end)
+            sample = end == request.num_tokens
+        # The block table is the manager's own list, not a copy: it only grows by appends
+        # while the request runs and is replaced, never edited, when it is freed, so it
+        # stays a valid table for this step (the runner reads the blocks the step reaches).
+        state.scheduled[req_id] = ScheduledRequest(
+            req_id, token_ids, start, kv.get_block_ids(req_id), sample, request
         )
         state.token_budget -= num_new_tokens
 
@@ -306,11 +329,12 @@ class Scheduler:
         any_finished = False
         now = time.monotonic()
         running = RequestStatus.RUNNING
+        apply_step = self._apply_step
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
             if request.status is not running:
                 continue  # aborted while the step ran
-            output = self._apply_step(scheduled, runner_output, now)
+            output = apply_step(scheduled, runner_output, now)
             if output is not None:
                 outputs.append(output)
             if request.status is not running:  # finished by a stop condition
@@ -323,16 +347,22 @@ class Scheduler:
     def _apply_step(
         self, scheduled: ScheduledRequest, runner_output: ModelRunnerOutput, now: float
     ) -> EngineCoreOutput | None:
+        # Runs for every scheduled request every step: plain attribute work only.
         request = scheduled.request
         req_id = request.req_id
         assert request.num_computed_tokens == scheduled.start_position, "stale schedule"
-        request.num_computed_tokens += scheduled.num_tokens
-        self.kv.cache_blocks(request, request.num_computed_tokens)
-        new_prompt_logprobs = self._take_prompt_logprobs(
-            request, runner_output.prompt_logprobs.get(req_id)
-        )
+        num_computed_tokens = request.num_computed_tokens + len(scheduled.token_ids)
+        request.num_computed_tokens = num_computed_tokens
+        self.kv.cache_blocks(request, num_computed_tokens)
+        new_prompt_logprobs = None
+        if runner_output.prompt_logprobs:
+            new_prompt_logprobs = self._take_prompt_logprobs(
+                request, runner_output.prompt_logprobs.get(req_id)
+            )
         new_token_ids: list[int] = []
         new_logprobs = None
+        finished = False
+        first_token_time = None
         if scheduled.sample:
             token_id = runner_output.sampled_token_ids.get(req_id)
             if token_id is None:
@@ -342,27 +372,30 @@ class Scheduler:
                 )
             request.output_token_ids.append(token_id)
             new_token_ids = [token_id]
-            logprobs = runner_output.logprobs.get(req_id)
-            new_logprobs = [logprobs] if logprobs is not None else None
-            self._first_token_times.setdefault(req_id, now)
+            if runner_output.logprobs:
+                logprobs = runner_output.logprobs.get(req_id)
+                new_logprobs = [logprobs] if logprobs is not None else None
+            first_token_time = self._first_token_times.get(req_id)
+            if first_token_time is None:
+                first_token_time = self._first_token_times[req_id] = now
             finished = check_stop(request, self.config.max_model_len)
-        else:
-            finished = False
-        if not new_token_ids and new_prompt_logprobs is None:
+        elif new_prompt_logprobs is None:
             return None  # a prompt chunk that is not the last one
+        else:
+            first_token_time = self._first_token_times.get(req_id)
         return EngineCoreOutput(
-            req_id=req_id,
-            new_token_ids=new_token_ids,
-            new_logprobs=new_logprobs,
-            new_prompt_logprobs=new_prompt_logprobs,
-            finish_reason=request.status.value if finished else None,
-            stop_reason=request.stop_reason,
-            num_cached_tokens=request.num_cached_tokens,
-            arrival_time=request.arrival_time,
-            first_scheduled_time=request.first_scheduled_time,
-            first_token_time=self._first_token_times.get(req_id),
-            timestamp=now,
-            num_preemptions=request.num_preemptions,
+            req_id,
+            new_token_ids,
+            new_logprobs,
+            new_prompt_logprobs,
+            request.status.value if finished else None,
+            request.stop_reason,
+            request.num_cached_tokens,
+            request.arrival_time,
+            request.first_scheduled_time,
+            first_token_time,
+            now,
+            request.num_preemptions,
         )
 
     def _take_prompt_logprobs(

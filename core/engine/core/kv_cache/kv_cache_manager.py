@@ -65,7 +65,9 @@ class KVCacheManager:
         return self.pool.usage
 
     def get_block_ids(self, req_id: ReqId) -> list[int]:
-        """The request's block table (the manager's own list: copy it before handing out)."""
+        """The request's block table: the manager's own list, which only grows (by appends)
+        while the request holds blocks and is dropped, never edited, by ``free``. Callers
+        must not modify it."""
         return self.req_to_block_ids.get(req_id, [])
 
     # -- prefix cache -------------------------------------------------------------------------
