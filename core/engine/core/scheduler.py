@@ -163,7 +163,9 @@ class Scheduler:
         scheduled = list(state.scheduled.values())
         output = SchedulerOutput(
             scheduled=scheduled,
-            num_scheduled_tokens=sum(s.num_tokens for s in scheduled),
+            # The budget shrank by every scheduled request's tokens (and grew back by those
+            # of a request unscheduled by preemption).
+            num_scheduled_tokens=self.config.max_num_batched_tokens - state.token_budget,
         )
         if scheduled:
             # An empty output never reaches the runner, so its news waits for the next one.
@@ -255,10 +257,11 @@ class Scheduler:
 
     def _add_scheduled(self, state: _StepState, request: Request, num_new_tokens: int) -> None:
         kv = self.kv
-        kv.mark_pending(request, num_new_tokens)
         req_id = request.req_id
         start = request.num_computed_tokens
         end = start + num_new_tokens
+        if end // kv.block_size > start // kv.block_size:  # the step fills a block
+            kv.mark_pending(request, num_new_tokens)
         num_prompt_tokens = len(request.prompt_token_ids)
         if start >= num_prompt_tokens:  # decoding: the last output token(s)
             outputs = request.output_token_ids
