@@ -93,7 +93,10 @@ class RequestState:
         new_token_ids = core_output.new_token_ids
         stop_checker = self.stop_checker
         if new_token_ids:
-            new_ids = [int(t) for t in new_token_ids]
+            if len(new_token_ids) == 1:
+                new_ids = [int(new_token_ids[0])]
+            else:
+                new_ids = [int(t) for t in new_token_ids]
             if timing.first_token_time is None:
                 timing.first_token_time = now
             elif itl is not None and timing.last_token_time is not None:
@@ -103,7 +106,10 @@ class RequestState:
             self._delta_token_ids.extend(new_ids)
             delta = self.detokenizer.update(new_ids)
             if delta:
-                self._emit(stop_checker.update(delta).delta_text if self._has_stops else delta)
+                if self._has_stops:
+                    delta = stop_checker.update(delta).delta_text
+                self.text += delta
+                self._delta_text += delta
         stop_string = stop_checker.stopped
         core_reason = core_output.finish_reason
         if core_reason is not None:

@@ -61,9 +61,16 @@ class IncrementalDetokenizer:
             read_offset -= 1
         self._read_offset = read_offset
         self._prefix_offset = self._clean_start(read_offset)
-        self.output_text = ""
+        self._deltas: list[str] = []  # joined on demand: += would copy the text each step
         self._stream = self._start_stream()
         self._num_streamed = read_offset  # ids the stream has been given
+
+    @property
+    def output_text(self) -> str:
+        """All text emitted so far."""
+        if len(self._deltas) > 1:
+            self._deltas = ["".join(self._deltas)]
+        return self._deltas[0] if self._deltas else ""
 
     def _start_stream(self) -> Any:
         """A DecodeStream holding the window ``ids[prefix_offset:read_offset]`` as read,
@@ -139,7 +146,7 @@ class IncrementalDetokenizer:
             return ""
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._token_ids)
-        self.output_text += delta
+        self._deltas.append(delta)
         text: str = delta
         return text
 
@@ -166,7 +173,7 @@ class IncrementalDetokenizer:
             return ""
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._token_ids)
-        self.output_text += delta
+        self._deltas.append(delta)
         return delta
 
 
