@@ -24,6 +24,7 @@ import uvicorn
 
 from engine.config import EngineArgs
 from engine.entrypoints.openai.api_server import build_app, describe_config, engine_stalled_for
+from engine.entrypoints.openai.chat_features import load_chat_features
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.serving_base import ServingContext
 from engine.errors import EngineError
@@ -159,6 +160,8 @@ def run_server(
 
         engine_factory = AsyncLLM.from_args
     logger.info("Resolved configuration:\n%s", describe_config(engine_args, server_args))
+    # Parser flags are checked before the (slow) engine start; a bad one exits non-zero.
+    features = load_chat_features(engine_args, server_args)
     engine_client = engine_factory(engine_args)
     server: EngineServer | None = None
     try:
@@ -169,6 +172,7 @@ def run_server(
             metrics=ServerMetrics(names[0], lambda: engine_client.stats()),
             log_requests=server_args.enable_log_requests,
             max_logprobs=engine_args.max_logprobs,
+            features=features,
         )
         attach_stats_listener(engine_client, ctx.metrics)
         app = build_app(ctx, server_args)

@@ -57,6 +57,8 @@ class ServingContext:
     log_requests: bool = False
     max_logprobs: int = 20
     inflight: InflightRequests = field(default_factory=InflightRequests)
+    # Tool-call and reasoning parsers (chat_features.ChatFeatures; None: parse nothing).
+    features: Any = None
     # Template rendering and tokenization run off the event loop, each within this deadline.
     prepare_timeout_s: float = 10.0
     max_prepare_workers: int = 4

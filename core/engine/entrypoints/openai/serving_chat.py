@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from engine.entrypoints.openai.chat_features import ChatFeatures
 from engine.entrypoints.openai.choice_state import (
     ChoiceDelta,
     ChoiceState,
@@ -28,6 +29,15 @@ from engine.entrypoints.openai.errors import (
     stream_error_body,
 )
 from engine.entrypoints.openai.logprobs import TokenText, chat_logprobs
+from engine.entrypoints.openai.message_parsing import (
+    ChatPlan,
+    ChoiceParser,
+    api_delta,
+    api_tool_calls,
+    make_chat_plan,
+    needs_special_tokens,
+    tool_finish_reason,
+)
 from engine.entrypoints.openai.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -51,6 +61,11 @@ from engine.entrypoints.openai.serving_base import (
     until_disconnected,
 )
 from engine.entrypoints.openai.sse import DONE, HEADERS, sse_event
+from engine.entrypoints.openai.structured_request import (
+    compile_structured_outputs,
+    structured_outputs_from_request,
+)
+from engine.entrypoints.openai.tool_choice import plan_tools
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -88,7 +103,8 @@ class ChatServing:
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         model = self.ctx.resolve_model(req.model)
         req_id = new_request_id(raw)
-        prompt_ids, params = await self.ctx.run_prepare(self._prepare, req)
+        prompt_ids, params, plan = await self.ctx.run_prepare(self._prepare, req)
+        await compile_structured_outputs(self.ctx.engine, params)
         stream = EngineStream(
             self.ctx, prompt_ids, params, req_id, priority=req.priority, cache_salt=req.cache_salt
         )
@@ -104,7 +120,7 @@ class ChatServing:
             await stream.close()
             raise
         meta = _ResponseMeta(
-            f"chatcmpl-{req_id}", int(time.time()), model, len(prompt_ids), params, req
+            f"chatcmpl-{req_id}", int(time.time()), model, len(prompt_ids), params, req, plan
         )
         if req.stream:
             body = self._stream(stream, first, meta, tracker)
@@ -118,22 +134,27 @@ class ChatServing:
             tracker.close(len(prompt_ids))
             await stream.close()
 
-    def _prepare(self, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:
+    @property
+    def features(self) -> ChatFeatures:
+        return self.ctx.features if self.ctx.features is not None else ChatFeatures()
+
+    def _prepare(self, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams, ChatPlan]:
         engine = self.ctx.engine
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
-        try:
-            text = engine.apply_chat_template(
-                messages_to_dicts(req.messages),
-                tools=req.tools,
-                add_generation_prompt=req.add_generation_prompt,
-                chat_template=req.chat_template,
-                chat_template_kwargs=req.chat_template_kwargs,
+        structured = structured_outputs_from_request(req)
+        tool_plan = plan_tools(req.tools, req.tool_choice, self.features)
+        if tool_plan.constraint is not None and structured is not None:
+            raise APIError(
+                f"tool_choice {tool_plan.mode} constrains the output itself; drop "
+                "structured_outputs / response_format or use tool_choice auto or none",
+                400,
+                "tool_choice",
             )
-        except APIError:
-            raise
-        except Exception as exc:
-            raise APIError(f"Could not apply the chat template: {exc}", 400, "messages") from None
+        messages = messages_to_dicts(req.messages)
+        text = self._render(req, messages, req.add_generation_prompt)
+        closed = self._prompt_closed_think(req, messages, text)
+        plan = make_chat_plan(tool_plan, self.features, closed)
         prompt_ids = list(self.ctx.tokenizer.encode(text, add_special_tokens=False))
         requested = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -143,7 +164,39 @@ class ChatServing:
         params = build_sampling_params(
             req, engine.default_sampling_params(), budget, logprobs, self.ctx.max_logprobs
         )
-        return prompt_ids, params
+        params.structured_outputs = tool_plan.constraint or structured
+        if needs_special_tokens(plan):
+            params.skip_special_tokens = False
+        return prompt_ids, params, plan
+
+    def _render(
+        self, req: ChatCompletionRequest, messages: list[dict[str, Any]], generation_prompt: bool
+    ) -> str:
+        try:
+            text: str = self.ctx.engine.apply_chat_template(
+                messages,
+                tools=req.tools,
+                add_generation_prompt=generation_prompt,
+                chat_template=req.chat_template,
+                chat_template_kwargs=req.chat_template_kwargs,
+            )
+        except APIError:
+            raise
+        except Exception as exc:
+            raise APIError(f"Could not apply the chat template: {exc}", 400, "messages") from None
+        return text
+
+    def _prompt_closed_think(
+        self, req: ChatCompletionRequest, messages: list[dict[str, Any]], text: str
+    ) -> bool:
+        """Whether the generation prompt (what ``add_generation_prompt`` appends) already
+        closed the think section, e.g. Qwen3's ``enable_thinking=False``."""
+        parser_cls = self.features.reasoning_parser_cls
+        if parser_cls is None or not req.add_generation_prompt:
+            return False
+        without = self._render(req, messages, False)
+        tail = text[len(without) :] if text.startswith(without) else text[-64:]
+        return bool(parser_cls(self.ctx.tokenizer).is_reasoning_end(tail))
 
     async def _respond(
         self, stream: EngineStream, first: RequestOutput | None, meta: _ResponseMeta, tracker: Any
@@ -162,20 +215,34 @@ class ChatServing:
         choices = [
             ChatChoice(
                 index=s.index,
-                message=AssistantMessage(content=s.text),
+                message=message,
                 logprobs=chat_logprobs(s.logprobs, text_of, num_top)
                 if meta.request.logprobs
                 else None,
-                finish_reason=s.finish_reason,
+                finish_reason=finish_reason,
                 stop_reason=s.stop_reason,
             )
             for s in states
+            for message, finish_reason in [self._message(s, meta.plan)]
         ]
         response = ChatCompletionResponse(
             id=meta.id, created=meta.created, model=meta.model, choices=choices,
             usage=meta.usage(states),
         )  # fmt: skip
         return JSONResponse(response.model_dump())
+
+    def _message(self, s: ChoiceState, plan: ChatPlan) -> tuple[AssistantMessage, str | None]:
+        """The assistant message of a finished choice, and its finish reason."""
+        if not plan.parses:
+            return AssistantMessage(content=s.text), s.finish_reason
+        parsed = ChoiceParser(plan, self.ctx.tokenizer).parse(s.text)
+        message = AssistantMessage(
+            content=parsed.content,
+            reasoning_content=parsed.reasoning,
+            reasoning=parsed.reasoning,
+            tool_calls=api_tool_calls(parsed.tool_calls),
+        )
+        return message, tool_finish_reason(s.finish_reason, len(parsed.tool_calls))
 
     async def _stream(
         self, stream: EngineStream, first: RequestOutput | None, meta: _ResponseMeta, tracker: Any
@@ -184,6 +251,8 @@ class ChatServing:
         text_of = TokenText(self.ctx.tokenizer)
         req = meta.request
         num_top = (req.top_logprobs or 0) if req.logprobs else None
+        plan = meta.plan
+        parsers = [ChoiceParser(plan, self.ctx.tokenizer) if plan.parses else None for _ in states]
         try:
             for s in states:
                 role = DeltaMessage(role="assistant", content="")
@@ -197,11 +266,13 @@ class ChatServing:
                 deltas = advance_all(states, out)
                 tracker.on_tokens(sum(len(d.token_ids) for d in deltas.values()))
                 for idx, delta in deltas.items():
-                    yield sse_event(meta.chunk([_chunk_choice(idx, delta, text_of, num_top)]))
+                    choice = _chunk_choice(idx, delta, text_of, num_top, parsers[idx])
+                    yield sse_event(meta.chunk([choice]))
             for s in states:
-                delta = s.force_finish("abort")
-                if delta is not None:
-                    yield sse_event(meta.chunk([_chunk_choice(s.index, delta, text_of, num_top)]))
+                last = s.force_finish("abort")
+                if last is not None:
+                    choice = _chunk_choice(s.index, last, text_of, num_top, parsers[s.index])
+                    yield sse_event(meta.chunk([choice]))
             record_finish(tracker, states, meta.num_prompt_tokens)
             if req.stream_options is not None and req.stream_options.include_usage:
                 yield sse_event(meta.chunk([], usage=meta.usage(states)))
@@ -216,13 +287,31 @@ class ChatServing:
 
 
 def _chunk_choice(
-    index: int, delta: ChoiceDelta, text_of: TokenText, num_top: int | None
+    index: int,
+    delta: ChoiceDelta,
+    text_of: TokenText,
+    num_top: int | None,
+    parser: ChoiceParser | None = None,
 ) -> ChatChunkChoice:
+    finish_reason = delta.finish_reason
+    if parser is None:
+        message = DeltaMessage(content=delta.text) if delta.text else DeltaMessage()
+    else:
+        parsed = parser.stream(delta.text)
+        if finish_reason is not None:  # the last chunk: flush what the parsers held back
+            flushed = parser.finish()
+            parsed.content = (parsed.content or "") + (flushed.content or "") or None
+            parsed.reasoning_content = (parsed.reasoning_content or "") + (
+                flushed.reasoning_content or ""
+            ) or None
+            parsed.tool_calls.extend(flushed.tool_calls)
+            finish_reason = tool_finish_reason(finish_reason, parser.num_tool_calls)
+        message = api_delta(parsed)
     return ChatChunkChoice(
         index=index,
-        delta=DeltaMessage(content=delta.text) if delta.text else DeltaMessage(),
+        delta=message,
         logprobs=chat_logprobs(delta.logprobs, text_of, num_top) if num_top is not None else None,
-        finish_reason=delta.finish_reason,
+        finish_reason=finish_reason,
         stop_reason=delta.stop_reason,
     )
 
@@ -230,8 +319,9 @@ def _chunk_choice(
 class _ResponseMeta:
     def __init__(
         self, id: str, created: int, model: str, num_prompt_tokens: int,
-        params: SamplingParams, request: ChatCompletionRequest,
+        params: SamplingParams, request: ChatCompletionRequest, plan: ChatPlan | None = None,
     ) -> None:  # fmt: skip
+        self.plan = plan or ChatPlan()
         self.id = id
         self.created = created
         self.model = model

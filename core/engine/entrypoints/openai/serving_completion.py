@@ -49,6 +49,10 @@ from engine.entrypoints.openai.serving_base import (
     until_disconnected,
 )
 from engine.entrypoints.openai.sse import DONE, HEADERS, sse_event
+from engine.entrypoints.openai.structured_request import (
+    compile_structured_outputs,
+    structured_outputs_from_request,
+)
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -88,6 +92,7 @@ class CompletionServing:
         model = self.ctx.resolve_model(req.model)
         req_id = new_request_id(raw)
         prompts = await self.ctx.run_prepare(self._prepare, req)
+        await compile_structured_outputs(self.ctx.engine, prompts[0].params)
         meta = _Meta(f"cmpl-{req_id}", int(time.time()), model, req.n, req, prompts)
         streams: list[EngineStream] = []
         try:
@@ -137,6 +142,7 @@ class CompletionServing:
                 "best_of",
             )
         defaults = self.ctx.engine.default_sampling_params()
+        structured = structured_outputs_from_request(req)
         prompts = []
         for text, ids in self._tokenize(req.prompt):
             budget = check_length(len(ids), req.max_tokens, self.ctx.max_model_len)
@@ -148,6 +154,7 @@ class CompletionServing:
                 self.ctx.max_logprobs,
                 prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
             )
+            params.structured_outputs = structured
             prompts.append(_Prompt(text, ids, params))
         return prompts
 
