@@ -223,11 +223,12 @@ class _Packer:
         return len(self._arrays) - 1
 
     def to_device(self, device: torch.device) -> list[torch.Tensor]:
-        # Every segment starts on an 8-byte boundary so it can be viewed as int64.
+        # Every segment starts on a 16-byte boundary: it can be viewed as int64, and kernels
+        # that specialise on 16-byte aligned pointers (Triton) see the usual alignment.
         offsets, size = [], 0
         for array in self._arrays:
             offsets.append(size)
-            size += -(-array.nbytes // 8) * 8
+            size += -(-array.nbytes // 16) * 16
         buffer = np.empty(size, dtype=np.uint8)
         for array, offset in zip(self._arrays, offsets, strict=True):
             buffer[offset : offset + array.nbytes] = array.reshape(-1).view(np.uint8)
