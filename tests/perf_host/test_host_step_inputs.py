@@ -77,8 +77,16 @@ def as_dict(inputs: StepInputs) -> dict[str, Any]:
     assert b.seq_lens_cpu == b.seq_lens.tolist()
     assert b.num_seqs == len(b.seq_lens) and b.num_tokens == len(inputs.input_ids)
     assert b.max_seq_len == max(b.seq_lens_cpu, default=0)
-    for t in (inputs.input_ids, b.slot_mapping, b.block_tables, inputs.logits_indices):
-        assert t.is_contiguous()
+    for t in (
+        inputs.input_ids,
+        inputs.positions,
+        b.query_start_loc,
+        b.seq_lens,
+        b.slot_mapping,
+        b.block_tables,
+        inputs.logits_indices,
+    ):
+        assert t.is_contiguous() and t.data_ptr() % 16 == 0
     return {
         "input_ids": inputs.input_ids.tolist(),
         "positions": inputs.positions.tolist(),
