@@ -42,7 +42,7 @@ from engine.entrypoints.openai.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from engine.entrypoints.openai.serving_base import ServingContext
+from engine.entrypoints.openai.serving_base import ClientDisconnected, ServingContext
 from engine.entrypoints.openai.serving_chat import ChatServing, messages_to_dicts
 from engine.entrypoints.openai.serving_completion import CompletionServing
 from engine.entrypoints.openai.stats_logger import StatsLogger, WarnOnce
@@ -144,6 +144,12 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
     )
     install_error_handlers(app)
     install_openapi(app)
+
+    @app.exception_handler(ClientDisconnected)
+    async def _client_gone(request: Request, exc: ClientDisconnected) -> Response:
+        # Nobody reads this answer; 499 (nginx's "client closed request") for the access log.
+        return Response(status_code=499)
+
     if server_args.allowed_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
