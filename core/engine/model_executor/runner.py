@@ -26,7 +26,7 @@ from engine.core.request import ReqId
 from engine.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.errors import StartupError
 from engine.model_executor.cuda_graphs import CudaGraphRunner
-from engine.model_executor.inputs import StepInputs, build_step_inputs
+from engine.model_executor.inputs import StepInputs, StepInputsBuilder
 from engine.model_executor.loader import LoadConfig, load_model, resolve_device, resolve_dtype
 from engine.model_executor.memory import (
     MemoryPlan,
@@ -82,6 +82,8 @@ class ModelRunner:
         self.cuda_graphs = self._capture_cuda_graphs()
         self._generators: dict[ReqId, torch.Generator] = {}
         self._prompt_logprobs_done: dict[ReqId, int] = {}
+        # Keeps block tables between steps and copies only new block ids.
+        self._inputs_builder = StepInputsBuilder(self.block_size, self.device)
 
     # -- startup phases -------------------------------------------------------------------
 
@@ -245,7 +247,7 @@ class ModelRunner:
         return output
 
     def prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
-        return build_step_inputs(so, self.block_size, self.device, self._prompt_logprobs_done)
+        return self._inputs_builder.build(so, self._prompt_logprobs_done)
 
     def run_model(self, inputs: StepInputs, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Forward the step; float32 logits [num_logits_rows, vocab] (prompt rows first)."""
