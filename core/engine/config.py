@@ -99,7 +99,8 @@ class EngineArgs:
             hints = []
             for name in unknown:
                 close = difflib.get_close_matches(name, sorted(known), n=3)
-                hints.append(f"{name!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                hints.append(f"{name!r}{hint}")
             raise TypeError(f"unknown engine argument(s): {'; '.join(hints)}")
         return cls(**kwargs)
 

@@ -101,9 +101,7 @@ class SamplingParams:
             if not -2 <= getattr(self, name) <= 2:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not 0 < self.repetition_penalty <= 2:
-            raise ValueError(
-                f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}"
-            )
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.min_tokens < 0:
