@@ -88,7 +88,7 @@ def test_json_object(tools_server: Server) -> None:
 
 def test_regex_and_choice_on_completions(tools_server: Server) -> None:
     c = client(tools_server)
-    pattern = r"[a-c]{2}-\d{3}"
+    pattern = r"[a-c]{2}-[0-9]{3}"
     for seed in (1, 2, 3):
         r = c.completions.create(
             model="tiny", prompt="The code is", max_tokens=30, seed=seed, temperature=1.0,
