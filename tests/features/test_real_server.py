@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-from conftest import SERVER_FLAGS, Server, engine_cli
+from features_server import SERVER_FLAGS, Server, engine_cli
 
 pytestmark = pytest.mark.timeout(300)
 
