@@ -10,6 +10,10 @@ A sequence with ``seq_len`` tokens and ``query_len`` new ones attends with the m
 
     query row j (position context + j) sees key k  iff  k <= context + j
                                           (and k > context + j - sliding_window)
+
+An fp8 cache (``float8_e4m3fn`` / ``float8_e5m2``) is written as ``clamp(x / scale)`` cast
+to fp8 (through a ``uint8`` view: CPU torch has no fp8 ``index_copy_``) and read back as
+``float(stored) * scale`` in the query dtype, with the layer's ``kv_scales``.
 """
 
 from __future__ import annotations
@@ -21,8 +25,22 @@ from engine_sdk.interfaces.attention import AttentionBackend, AttentionBatch
 __all__ = ["ReferenceAttentionBackend"]
 
 
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def quantize_kv(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x / scale`` clamped to the fp8 range and cast to ``dtype``."""
+    limit = torch.finfo(dtype).max
+    return (x.float() / scale).clamp(-limit, limit).to(dtype)
+
+
+def dequantize_kv(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``float(x) * scale`` in ``dtype``."""
+    return (x.float() * scale).to(dtype)
 
 
 class ReferenceAttentionBackend(AttentionBackend):
@@ -39,6 +57,8 @@ class ReferenceAttentionBackend(AttentionBackend):
         metadata: AttentionBatch,
     ) -> torch.Tensor:
         num_tokens = query.shape[0]
+        if kv_cache.dtype in _FP8_DTYPES and self.kv_scales.device != query.device:
+            self.kv_scales = self.kv_scales.to(query.device)  # a backend built off-device
         self._write_cache(key, value, kv_cache, metadata.slot_mapping)
         if metadata.is_decode_only:
             out = self._decode(query, kv_cache, metadata)
@@ -56,6 +76,11 @@ class ReferenceAttentionBackend(AttentionBackend):
         num_kv_heads, head_dim = key.shape[1], key.shape[2]
         valid = slot_mapping[: key.shape[0]] >= 0
         slots = slot_mapping[: key.shape[0]][valid]
+        if kv_cache.dtype in _FP8_DTYPES:
+            k_scale, v_scale = self.kv_scales[0], self.kv_scales[1]
+            key = quantize_kv(key, k_scale, kv_cache.dtype).view(torch.uint8)
+            value = quantize_kv(value, v_scale, kv_cache.dtype).view(torch.uint8)
+            kv_cache = kv_cache.view(torch.uint8)
         key_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
         value_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
         key_flat.index_copy_(0, slots, key[valid].to(kv_cache.dtype))
@@ -74,6 +99,12 @@ class ReferenceAttentionBackend(AttentionBackend):
         gathered = cache[block_ids]
         return gathered.reshape(-1, gathered.shape[-2], gathered.shape[-1])
 
+    def _to_query_dtype(self, kv: torch.Tensor, which: int, dtype: torch.dtype) -> torch.Tensor:
+        """Gathered K (``which`` 0) or V (1) in the query dtype, dequantized if fp8."""
+        if kv.dtype in _FP8_DTYPES:
+            return dequantize_kv(kv, self.kv_scales[which], dtype)
+        return kv.to(dtype)
+
     def _per_sequence(
         self, query: torch.Tensor, kv_cache: torch.Tensor, md: AttentionBatch
     ) -> torch.Tensor:
@@ -84,15 +115,15 @@ class ReferenceAttentionBackend(AttentionBackend):
             seq_len = md.seq_lens_cpu[i]
             context = seq_len - (end - start)
             block_ids = md.block_tables[i, : _cdiv(seq_len, block_size)]
-            k = self._gather(kv_cache[0], block_ids)[:seq_len]
-            v = self._gather(kv_cache[1], block_ids)[:seq_len]
+            k = self._to_query_dtype(self._gather(kv_cache[0], block_ids)[:seq_len], 0, query.dtype)
+            v = self._to_query_dtype(self._gather(kv_cache[1], block_ids)[:seq_len], 1, query.dtype)
             device = query.device
             query_pos = torch.arange(context, seq_len, device=device)
             mask = self._mask(query_pos, torch.arange(seq_len, device=device))
             attn = F.scaled_dot_product_attention(
                 query[start:end].transpose(0, 1).unsqueeze(0),
-                k.transpose(0, 1).unsqueeze(0).to(query.dtype),
-                v.transpose(0, 1).unsqueeze(0).to(query.dtype),
+                k.transpose(0, 1).unsqueeze(0),
+                v.transpose(0, 1).unsqueeze(0),
                 attn_mask=mask,
                 scale=self.config.scale,
                 enable_gqa=True,
@@ -109,7 +140,8 @@ class ReferenceAttentionBackend(AttentionBackend):
         block_ids = md.block_tables[:num_seqs, : _cdiv(md.max_seq_len, block_size)]
         gathered_k, gathered_v = kv_cache[0][block_ids], kv_cache[1][block_ids]
         shape = (num_seqs, -1, gathered_k.shape[-2], gathered_k.shape[-1])
-        k, v = gathered_k.reshape(shape), gathered_v.reshape(shape)
+        k = self._to_query_dtype(gathered_k.reshape(shape), 0, query.dtype)
+        v = self._to_query_dtype(gathered_v.reshape(shape), 1, query.dtype)
         seq_lens = md.seq_lens[:num_seqs].to(torch.long)
         key_pos = torch.arange(k.shape[1], device=query.device)
         mask = self._mask((seq_lens - 1)[:, None], key_pos[None, :])  # [num_seqs, 1, L]
@@ -119,8 +151,8 @@ class ReferenceAttentionBackend(AttentionBackend):
         k, v = k.masked_fill(hidden, 0), v.masked_fill(hidden, 0)
         attn = F.scaled_dot_product_attention(
             query[:num_seqs].unsqueeze(2),
-            k.transpose(1, 2).to(query.dtype),
-            v.transpose(1, 2).to(query.dtype),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
             attn_mask=mask.unsqueeze(1),
             scale=self.config.scale,
             enable_gqa=True,

@@ -15,7 +15,7 @@ def register_attention_backends() -> list[AttentionBackendSpec]:
             devices=("cpu", "cuda"),
             dtypes=("float32", "float16", "bfloat16"),
             block_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-            kv_cache_dtypes=("auto",),
+            kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
             priority=0,
         )
     ]

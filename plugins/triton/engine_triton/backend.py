@@ -1,4 +1,9 @@
-"""The Triton attention backend: metadata per step, store K/V, one paged-attention launch."""
+"""The Triton attention backend: metadata per step, store K/V, one paged-attention launch.
+
+An fp8 KV cache (``float8_e4m3fn``, ``--kv-cache-dtype fp8``) is quantized in the store
+kernel and dequantized in the attention kernel with the layer's ``kv_scales``; Triton's
+``fp8e4nv`` needs CUDA compute capability >= 8.9.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,8 @@ import triton
 from engine_sdk.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerConfig
 
 from engine_triton.kernels import paged_attention_kernel, store_kv_kernel
+
+_FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
 
 
 @dataclass
@@ -45,6 +52,7 @@ class TritonAttentionBackend(AttentionBackend):
                 f"num_heads ({config.num_heads}) must be a multiple of "
                 f"num_kv_heads ({config.num_kv_heads})"
             )
+        _check_kv_cache_dtype(config.kv_cache_dtype)
         self.group = config.num_heads // config.num_kv_heads
         self.head_dim_p = triton.next_power_of_2(config.head_dim)
         self.num_kv_heads_p = triton.next_power_of_2(config.num_kv_heads)
@@ -84,6 +92,9 @@ class TritonAttentionBackend(AttentionBackend):
         batch = metadata.batch
         num_tokens = query.shape[0]
         k_cache, v_cache = kv_cache[0], kv_cache[1]
+        fp8 = kv_cache.dtype == torch.float8_e4m3fn
+        if fp8 and self.kv_scales.device != query.device:
+            self.kv_scales = self.kv_scales.to(query.device)  # a backend built off-device
         if num_tokens:
             store_kv_kernel[(num_tokens,)](
                 key,
@@ -97,10 +108,12 @@ class TritonAttentionBackend(AttentionBackend):
                 value.stride(1),
                 k_cache.stride(1),
                 k_cache.stride(2),
+                self.kv_scales,
                 NUM_KV_HEADS=cfg.num_kv_heads,
                 NUM_KV_HEADS_P=self.num_kv_heads_p,
                 HEAD_DIM=cfg.head_dim,
                 HEAD_DIM_P=self.head_dim_p,
+                FP8=fp8,
             )
         out = torch.empty(
             num_tokens, cfg.num_heads, cfg.head_dim, dtype=query.dtype, device=query.device
@@ -126,6 +139,7 @@ class TritonAttentionBackend(AttentionBackend):
                 k_cache.stride(1),
                 k_cache.stride(2),
                 batch.block_tables.stride(0),
+                self.kv_scales,
                 GROUP=self.group,
                 BLOCK_SIZE=cfg.block_size,
                 BLOCK_Q=metadata.block_q,
@@ -134,6 +148,26 @@ class TritonAttentionBackend(AttentionBackend):
                 HEAD_DIM=cfg.head_dim,
                 HEAD_DIM_P=self.head_dim_p,
                 DOT_PRECISION=precision,
+                FP8=fp8,
                 num_warps=metadata.num_warps,
             )
         return out.view(num_tokens, cfg.num_heads * cfg.head_dim)
+
+
+def _check_kv_cache_dtype(kv_cache_dtype: str) -> None:
+    """fp8 e4m3 needs Triton's ``fp8e4nv``: CUDA capability 8.9 (Ada) or newer."""
+    if kv_cache_dtype == "auto":
+        return
+    if kv_cache_dtype not in _FP8_KV_CACHE_DTYPES:
+        raise ValueError(
+            f"the triton attention backend does not support --kv-cache-dtype "
+            f"{kv_cache_dtype!r}; use auto, {', '.join(_FP8_KV_CACHE_DTYPES)} or "
+            "--attention-backend reference"
+        )
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
+        major, minor = torch.cuda.get_device_capability()
+        raise ValueError(
+            f"--kv-cache-dtype {kv_cache_dtype} with the triton attention backend needs CUDA "
+            f"compute capability >= 8.9 (fp8 e4m3), this GPU is {major}.{minor}; use "
+            "--kv-cache-dtype auto or --attention-backend reference"
+        )

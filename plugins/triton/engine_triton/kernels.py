@@ -10,6 +10,13 @@ the sequence's KV positions ``0 .. ctx_len + last_token`` in tiles of ``BLOCK_N`
 a tile may span several cache blocks, each token's block found through the block table.
 Row ``m`` sees KV position ``n`` when ``n <= ctx_len + token(m)`` (causal with the cached
 prefix in front). Softmax is computed online in float32.
+
+fp8 KV cache (``FP8`` constexpr; without it the generated code is unchanged): the store
+writes ``clamp(x / scale, -FP8_MAX, FP8_MAX)`` cast to the cache's fp8 type; attention
+loads fp8 tiles, converts them exactly to the query dtype and applies the per-tensor scales
+outside the dots: ``k_scale`` folds into the softmax scale (``q . (k8 * ks) = (q . k8) *
+ks``) and ``v_scale`` multiplies the normalized output (``sum p * v8 * vs``). Scales are
+read from a device tensor ``[k_scale, v_scale]``, so captured CUDA graphs see updates.
 """
 
 from __future__ import annotations
@@ -31,10 +38,13 @@ def store_kv_kernel(
     stride_vh,
     stride_cs,  # cache stride per slot (block_size * ... flattened: one token)
     stride_ch,
+    kv_scales_ptr,  # float32 [k_scale, v_scale]; read only when FP8
     NUM_KV_HEADS: tl.constexpr,
     NUM_KV_HEADS_P: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
+    FP8: tl.constexpr = False,
+    FP8_MAX: tl.constexpr = 448.0,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token)
@@ -48,6 +58,11 @@ def store_kv_kernel(
     dst = slot * stride_cs + offs_h[:, None] * stride_ch + offs_d[None, :]
     k = tl.load(src_k, mask=mask)
     v = tl.load(src_v, mask=mask)
+    if FP8:
+        k_scale = tl.load(kv_scales_ptr)
+        v_scale = tl.load(kv_scales_ptr + 1)
+        k = tl.minimum(tl.maximum(k.to(tl.float32) / k_scale, -FP8_MAX), FP8_MAX)
+        v = tl.minimum(tl.maximum(v.to(tl.float32) / v_scale, -FP8_MAX), FP8_MAX)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -72,6 +87,7 @@ def paged_attention_kernel(
     stride_ct,  # cache stride per token within a block
     stride_ch,  # cache stride per KV head
     stride_bt,  # block table stride per sequence
+    kv_scales_ptr,  # float32 [k_scale, v_scale]; read only when FP8
     GROUP: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -80,6 +96,7 @@ def paged_attention_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FP8: tl.constexpr = False,
 ):
     work = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -109,6 +126,8 @@ def paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
     qk_scale = scale * 1.4426950408889634  # log2(e): use exp2
+    if FP8:
+        qk_scale = qk_scale * tl.load(kv_scales_ptr)
 
     for start_n in range(0, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -141,6 +160,8 @@ def paged_attention_kernel(
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
+    if FP8:
+        out = out * tl.load(kv_scales_ptr + 1)
     o_ptrs = out_ptr + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh
     tl.store(
         o_ptrs + offs_d[None, :],

@@ -15,6 +15,7 @@ def register_attention_backends() -> list[AttentionBackendSpec]:
             devices=("cuda",),
             dtypes=("float16", "bfloat16", "float32"),
             block_sizes=(16, 32, 64),
+            kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"),
             priority=10,
         )
     ]

@@ -14,16 +14,30 @@ prefix, an earlier prefill chunk or earlier decode steps); its new tokens sit at
 ``seq_lens[i] - query_lens[i] ... seq_lens[i] - 1`` and attend causally to everything
 before them. ``slot_mapping[t] = block_id * block_size + offset`` is where token ``t``'s
 K and V are written; ``block_tables[i, j]`` is the j-th block of request ``i``.
+
+An fp8 KV cache (``--kv-cache-dtype fp8``) stores K and V quantized with one scale per
+layer for K and one for V: ``stored = fp8(clamp(x / scale, -max, max))`` on write,
+``real = float(stored) * scale`` on read. The scales live in ``AttentionBackend.kv_scales``
+(float32 ``[k_scale, v_scale]`` on the model's device), 1.0 unless the checkpoint provides
+them; they are changed in place only, so captured CUDA graphs keep reading the right ones.
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import torch
+
+# ``--kv-cache-dtype`` values other than ``auto`` (the model dtype) -> torch dtype name.
+FP8_KV_CACHE_DTYPES: dict[str, str] = {
+    "fp8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+}
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,23 @@ class AttentionBackend(ABC):
     supports_cuda_graphs: ClassVar[bool] = False
 
     def __init__(self, config: AttentionLayerConfig) -> None:
+        import torch
+
         self.config = config
+        # fp8 KV cache scales [k_scale, v_scale]; built under the engine's torch.device
+        # context, so on the model's device. Unused unless the cache tensor is fp8.
+        self.kv_scales: torch.Tensor = torch.ones(2, dtype=torch.float32)
+
+    def set_kv_scales(self, k_scale: float | None = None, v_scale: float | None = None) -> None:
+        """Set this layer's fp8 KV cache scales in place (``None`` keeps the current one)."""
+        for index, (which, value) in enumerate((("k_scale", k_scale), ("v_scale", v_scale))):
+            if value is None:
+                continue
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(
+                    f"{which} of an fp8 KV cache must be a positive finite number, got {value}"
+                )
+            self.kv_scales[index] = float(value)
 
     @staticmethod
     def kv_cache_shape(

@@ -7,6 +7,13 @@ cover single-step prefill, chunked prefill, decode (batched and mixed with prefi
 prefix shared through the block table (its K/V written by another sequence), GQA / MQA /
 MHA, padding tokens (slot -1) and sliding windows.
 
+``FP8_ATTENTION_CASES`` run the same steps with an fp8 KV cache (``kv_cache_dtype`` fp8,
+per-layer ``k_scale`` / ``v_scale`` set through ``AttentionBackend.set_kv_scales``). Their
+reference uses K and V rounded the way the cache stores them
+(``fp8(clamp(x / scale)) * scale``), so the tolerance stays the query dtype's: what is
+checked is that the backend quantizes on write, dequantizes on read and applies the scales,
+not how much fp8 costs. One case uses scales small enough that values clip at +-448.
+
 Use it from a backend's tests::
 
     from engine_sdk.testing.attention import ATTENTION_CASES, run_attention_case
@@ -29,14 +36,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine_sdk.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerConfig
+from engine_sdk.interfaces.attention import (
+    FP8_KV_CACHE_DTYPES,
+    AttentionBackend,
+    AttentionBatch,
+    AttentionLayerConfig,
+)
 
 __all__ = [
     "ATTENTION_CASES",
+    "FP8_ATTENTION_CASES",
     "AttentionCase",
     "SeqSpec",
     "check_attention_backend",
     "dense_causal_attention",
+    "fake_quantize_kv",
     "run_attention_case",
 ]
 
@@ -66,6 +80,9 @@ class AttentionCase:
     sliding_window: int | None = None
     num_padding_tokens: int = 0  # appended to every step with slot -1
     num_extra_blocks: int = 3  # unused blocks, so ids are not just 0..n-1
+    kv_cache_dtype: str = "auto"  # or an fp8 name of FP8_KV_CACHE_DTYPES
+    k_scale: float = 1.0  # fp8 cache scales (real = stored * scale)
+    v_scale: float = 1.0
 
     @property
     def num_steps(self) -> int:
@@ -97,6 +114,51 @@ ATTENTION_CASES: tuple[AttentionCase, ...] = (
     ),
 )
 
+FP8_ATTENTION_CASES: tuple[AttentionCase, ...] = (
+    AttentionCase(
+        "fp8_prefill_batch",
+        (SeqSpec((37,)), SeqSpec((5,)), SeqSpec((16,))),
+        kv_cache_dtype="fp8",
+        k_scale=0.02,
+        v_scale=0.03,
+    ),
+    AttentionCase(
+        "fp8_mixed_prefill_and_decode",
+        (SeqSpec((20, 1, 1, 1)), SeqSpec((0, 33, 1, 1)), SeqSpec((0, 0, 7, 1))),
+        kv_cache_dtype="fp8",
+        k_scale=0.05,
+        v_scale=0.01,
+    ),
+    AttentionCase(
+        "fp8_shared_prefix",
+        (SeqSpec((32, 1, 1)), SeqSpec((0, 10, 1), prefix_from=0, num_prefix_blocks=2)),
+        kv_cache_dtype="fp8",
+        k_scale=0.02,
+        v_scale=0.02,
+    ),
+    AttentionCase(
+        "fp8_gqa_decode_padding",
+        (SeqSpec((19, 1, 1)), SeqSpec((9, 4, 1))),
+        num_heads=8,
+        num_padding_tokens=2,
+        kv_cache_dtype="fp8",
+        k_scale=0.03,
+        v_scale=0.04,
+    ),
+    # Unit scales, as when a checkpoint has none: small values land in fp8 subnormals.
+    AttentionCase(
+        "fp8_unit_scales", (SeqSpec((24, 1, 1)), SeqSpec((3, 1, 1))), kv_cache_dtype="fp8"
+    ),
+    # |x| > 448 * scale (about 2 standard deviations) clips.
+    AttentionCase(
+        "fp8_clipped",
+        (SeqSpec((21, 1, 1)), SeqSpec((6, 2, 1))),
+        kv_cache_dtype="fp8",
+        k_scale=0.005,
+        v_scale=0.004,
+    ),
+)
+
 _TOLERANCES = {torch.float32: 2e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 
@@ -120,6 +182,25 @@ def dense_causal_attention(
         allowed &= pos[None, :] > pos[:, None] - sliding_window
     scores = scores.masked_fill(~allowed, float("-inf"))
     return (scores.softmax(-1) @ v64).transpose(0, 1)
+
+
+def fake_quantize_kv(x: torch.Tensor, scale: float, fp8_dtype: torch.dtype) -> torch.Tensor:
+    """What an fp8 cache gives back for ``x``: ``fp8(clamp(x / scale)) * scale`` (float64)."""
+    limit = torch.finfo(fp8_dtype).max
+    stored = (x.float() / torch.tensor(scale, dtype=torch.float32)).clamp(-limit, limit)
+    return stored.to(fp8_dtype).double() * scale
+
+
+def _cache_dtype(case: AttentionCase, dtype: torch.dtype) -> torch.dtype:
+    if case.kv_cache_dtype == "auto":
+        return dtype
+    if case.kv_cache_dtype not in FP8_KV_CACHE_DTYPES:
+        raise ValueError(
+            f"case {case.name}: kv_cache_dtype {case.kv_cache_dtype!r} is not one of "
+            f"auto, {', '.join(FP8_KV_CACHE_DTYPES)}"
+        )
+    cache_dtype: torch.dtype = getattr(torch, FP8_KV_CACHE_DTYPES[case.kv_cache_dtype])
+    return cache_dtype
 
 
 @dataclass
@@ -213,6 +294,16 @@ def _pack(
     return torch.cat(parts)
 
 
+def _expected_output(
+    case: AttentionCase, seq: _Seq, scale: float, cache_dtype: torch.dtype
+) -> torch.Tensor:
+    k, v = seq.k, seq.v
+    if case.kv_cache_dtype != "auto":
+        k = fake_quantize_kv(k, case.k_scale, cache_dtype)
+        v = fake_quantize_kv(v, case.v_scale, cache_dtype)
+    return dense_causal_attention(seq.q, k, v, scale, case.sliding_window)
+
+
 def run_attention_case(
     backend_cls: type[AttentionBackend],
     case: AttentionCase,
@@ -232,16 +323,20 @@ def run_attention_case(
         scale=scale,
         block_size=case.block_size,
         dtype=dtype,
+        kv_cache_dtype=case.kv_cache_dtype,
         sliding_window=case.sliding_window,
     )
     backend = backend_cls(config)
+    cache_dtype = _cache_dtype(case, dtype)
+    if case.kv_cache_dtype != "auto":
+        backend.set_kv_scales(case.k_scale, case.v_scale)
     seqs, num_blocks = _make_sequences(case, dtype, device, gen)
     shape = backend_cls.kv_cache_shape(
         num_blocks, case.block_size, case.num_kv_heads, case.head_dim
     )
     # NaN in never-written slots: a backend that reads a slot it does not own fails loudly.
-    kv_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
-    expected = [dense_causal_attention(s.q, s.k, s.v, scale, case.sliding_window) for s in seqs]
+    kv_cache = torch.full(shape, float("nan"), dtype=cache_dtype, device=device)
+    expected = [_expected_output(case, s, scale, cache_dtype) for s in seqs]
     for step in range(case.num_steps):
         running = [(s, s.spec.steps[step]) for s in seqs if step < len(s.spec.steps)]
         running = [(s, n) for s, n in running if n > 0]
