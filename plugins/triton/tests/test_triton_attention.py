@@ -7,6 +7,11 @@ import math
 import pytest
 import torch
 from engine_sdk.interfaces.attention import AttentionBatch, AttentionLayerConfig
+from engine_sdk.testing.attention import (
+    ATTENTION_CASES,
+    FP8_ATTENTION_CASES,
+    run_attention_case,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -110,3 +115,61 @@ def test_matches_dense_reference_fp32(case):
 @pytest.mark.parametrize("case", CASES)
 def test_matches_dense_reference_half(case, dtype):
     _run_case(*case, dtype=dtype, seed=7)
+
+
+# -- the SDK conformance suite, and the fp8 KV cache ----------------------------------------
+
+_SUITE_CASES = [c for c in ATTENTION_CASES if c.sliding_window is None]  # no window support
+
+
+@pytest.mark.parametrize("case", _SUITE_CASES, ids=lambda c: c.name)
+def test_conformance(case):
+    from engine_triton.backend import TritonAttentionBackend
+
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    run_attention_case(TritonAttentionBackend, case, device=DEVICE, dtype=dtype)
+
+
+@pytest.mark.parametrize("case", FP8_ATTENTION_CASES, ids=lambda c: c.name)
+def test_conformance_fp8_kv_cache(case):
+    from engine_triton.backend import TritonAttentionBackend
+
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    run_attention_case(TritonAttentionBackend, case, device=DEVICE, dtype=dtype)
+
+
+def test_fp8_store_matches_torch_quantization():
+    """The store kernel writes exactly fp8(clamp(x / scale)) (round to nearest even)."""
+    from engine_triton.backend import TritonAttentionBackend
+
+    gen = torch.Generator().manual_seed(5)
+    batch, _ = _make_batch([0], [24], 16, 4, gen)
+    cfg = AttentionLayerConfig(4, 2, 32, 32**-0.5, 16, torch.float32, kv_cache_dtype="fp8")
+    backend = TritonAttentionBackend(cfg)
+    backend.set_kv_scales(0.01, 0.02)
+    key = (torch.randn(24, 2, 32, generator=gen) * 2).to(DEVICE)  # some clip at 448 * 0.01
+    value = torch.randn(24, 2, 32, generator=gen).to(DEVICE)
+    query = torch.randn(24, 4, 32, generator=gen).to(DEVICE)
+    cache = torch.zeros(2, 4, 16, 2, 32, dtype=torch.float8_e4m3fn, device=DEVICE)
+    backend.forward(query, key, value, cache, backend.build_metadata(batch))
+    flat = cache.view(torch.uint8).reshape(2, -1, 2, 32)[:, batch.slot_mapping]
+    want_k = (key.float() / 0.01).clamp(-448, 448).to(torch.float8_e4m3fn)
+    want_v = (value.float() / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert (key.abs() > 4.48).any()
+    assert torch.equal(flat[0], want_k.view(torch.uint8))
+    assert torch.equal(flat[1], want_v.view(torch.uint8))
+
+
+def test_rejects_kv_cache_dtypes_it_cannot_run():
+    from engine_triton.backend import TritonAttentionBackend
+
+    cfg = AttentionLayerConfig(4, 2, 16, 0.25, 16, torch.float32, kv_cache_dtype="fp8_e5m2")
+    with pytest.raises(ValueError, match="--kv-cache-dtype 'fp8_e5m2'.*reference"):
+        TritonAttentionBackend(cfg)
+
+
+def test_spec_declares_fp8_kv_cache():
+    import engine_triton.plugin
+
+    (spec,) = engine_triton.plugin.register_attention_backends()
+    assert set(spec.kv_cache_dtypes) == {"auto", "fp8", "fp8_e4m3"}
