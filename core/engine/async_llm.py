@@ -189,6 +189,7 @@ class AsyncLLM:
         self.dead_error = error
         for stream in list(self._streams.values()):
             self._send(stream, error)
+        self._drain_inbox_after_death(error)  # adds the wedged thread never took
 
     def add_stats_listener(self, listener: StatsListener) -> None:
         """``listener(IterationStats)`` after each step, called from the engine thread.
@@ -235,7 +236,9 @@ class AsyncLLM:
                 if finished:
                     return
         finally:
-            add_failed = done.done() and done.exception() is not None
+            # Cancelled: the caller left before the engine thread took the add, which it
+            # then skips (see _apply_add); an abort for an unknown id is ignored anyway.
+            add_failed = done.done() and not done.cancelled() and done.exception() is not None
             if not finished and not add_failed:
                 # Client went away (GeneratorExit / CancelledError): free the request.
                 self._inbox.put(_Abort([request_id]))
@@ -311,6 +314,8 @@ class AsyncLLM:
                     self._streams.pop(request_id, None)
 
     def _apply_add(self, cmd: _Add) -> None:
+        if not cmd.done.set_running_or_notify_cancel():
+            return  # the caller was cancelled while the add waited in the inbox
         request_id = cmd.prepared.request_id
         if request_id in self._streams:
             cmd.done.set_exception(
