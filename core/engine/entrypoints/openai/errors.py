@@ -81,7 +81,7 @@ def model_not_found(name: str) -> APIError:
     return APIError(f"The model `{name}` does not exist.", 404, "model", "model_not_found")
 
 
-def queue_full(exc: Exception) -> APIError:
+def queue_full(exc: Exception | str) -> APIError:
     return APIError(
         f"The server is at capacity: {exc}. Retry later.",
         503,
