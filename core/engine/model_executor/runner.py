@@ -27,6 +27,10 @@ from engine.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, Sc
 from engine.errors import StartupError
 from engine.model_executor.cuda_graphs import CudaGraphRunner
 from engine.model_executor.inputs import StepInputs, StepInputsBuilder
+from engine.model_executor.kv_cache_dtype import (
+    resolve_kv_cache_dtype,
+    select_backend_for_kv_cache_dtype,
+)
 from engine.model_executor.loader import LoadConfig, load_model, resolve_device, resolve_dtype
 from engine.model_executor.memory import (
     MemoryPlan,
@@ -44,8 +48,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ModelRunner"]
 
-_KV_CACHE_DTYPES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
-
 
 class ModelRunner:
     def __init__(
@@ -55,7 +57,7 @@ class ModelRunner:
         self.source = source
         self.device = resolve_device(args.device)
         self.dtype = resolve_dtype(args.dtype, source.hf_config, self.device)
-        self.kv_cache_dtype = self._resolve_kv_cache_dtype(args.kv_cache_dtype)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, self.dtype)
         if args.block_size < 1:
             raise StartupError(f"--block-size must be at least 1, got {args.block_size}")
         self.block_size = args.block_size
@@ -76,6 +78,7 @@ class ModelRunner:
         self.structured_outputs = StructuredOutputState(
             lambda: self._build_structured_output_manager(pm), lambda tok: self._gate(pm, tok)
         )
+        self._log_kv_cache_dtype()
         self.plan = self._plan_memory(free_at_start)
         self.num_blocks = self.plan.num_blocks
         self.kv_caches = self.allocate_kv_caches(self.num_blocks)
@@ -87,17 +90,6 @@ class ModelRunner:
 
     # -- startup phases -------------------------------------------------------------------
 
-    def _resolve_kv_cache_dtype(self, name: str) -> torch.dtype:
-        if name == "auto":
-            return self.dtype
-        if name not in _KV_CACHE_DTYPES:
-            raise StartupError(
-                f"--kv-cache-dtype {name!r} is not supported; "
-                f"use auto or {', '.join(_KV_CACHE_DTYPES)}"
-            )
-        dtype: torch.dtype = getattr(torch, _KV_CACHE_DTYPES[name])
-        return dtype
-
     def _check_free_memory(self) -> int | None:
         """Error (c) on GPU; returns the free bytes at startup (None on CPU)."""
         if self.device.type != "cuda":
@@ -108,12 +100,18 @@ class ModelRunner:
         return int(free)
 
     def _select_backend(self, pm: Any) -> type[AttentionBackend]:
+        dtype = str(self.dtype).removeprefix("torch.")
+        name = select_backend_for_kv_cache_dtype(
+            pm,
+            self.device.type,
+            dtype,
+            self.block_size,
+            self.args.attention_backend,
+            self.args.kv_cache_dtype,
+        )
         try:
             backend: type[AttentionBackend] = pm.select_attention_backend(
-                self.device.type,
-                str(self.dtype).removeprefix("torch."),
-                self.block_size,
-                self.args.attention_backend,
+                self.device.type, dtype, self.block_size, name
             )
         except Exception as exc:
             raise StartupError(str(exc)) from exc
@@ -142,6 +140,29 @@ class ModelRunner:
                 numel *= dim
             total += numel * element
         return total
+
+    def _log_kv_cache_dtype(self) -> None:
+        """Say how K/V are stored; for fp8, where the per-layer scales came from."""
+        if self.args.kv_cache_dtype == "auto":
+            return
+        scales = [b.kv_scales.tolist() for b in self.attention_backends]
+        num_scaled = sum(1 for k, v in scales if (k, v) != (1.0, 1.0))
+        logger.info(
+            "KV cache dtype %s (%s, %d byte(s) per element); %d of %d layers have K/V scales "
+            "from the checkpoint, the others 1.0",
+            self.args.kv_cache_dtype,
+            str(self.kv_cache_dtype).removeprefix("torch."),
+            torch.empty((), dtype=self.kv_cache_dtype).element_size(),
+            num_scaled,
+            len(scales),
+        )
+        if num_scaled == 0:
+            logger.warning(
+                "--kv-cache-dtype %s without k_scale/v_scale in the checkpoint: using scale "
+                "1.0, so K/V values beyond +-%g are clipped",
+                self.args.kv_cache_dtype,
+                torch.finfo(self.kv_cache_dtype).max,
+            )
 
     def _plan_memory(self, free_at_start: int | None) -> MemoryPlan:
         num_layers = self.model.num_attention_layers()

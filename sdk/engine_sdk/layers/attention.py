@@ -3,6 +3,13 @@
 The model computes q/k/v (with rope); this layer reshapes them into heads and hands them,
 with the layer's KV cache tensor and the step's shared metadata, to the backend the
 engine chose (``ctx.make_attention``). It has no parameters.
+
+fp8 KV cache scales in a checkpoint are routed here by ``load_kv_scale``. Layouts read
+(the names vLLM accepts): ``<attn>.k_scale`` / ``<attn>.v_scale`` (llm-compressor,
+vLLM), ``<attn>.k_proj.k_scale`` / ``<attn>.v_proj.v_scale`` (ModelOpt) and the older
+``<attn>.kv_scale`` (one scale for both), where ``<attn>`` is the attention block
+(``model.layers.N.self_attn``) or this layer inside it (``...self_attn.attn``). A vector
+(per-head) scale is reduced to its maximum, which never clips more than the per-head ones.
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ import torch
 from engine_sdk.interfaces.attention import AttentionBackend, AttentionLayerConfig
 from engine_sdk.interfaces.model import ModelContext
 
-__all__ = ["Attention"]
+__all__ = ["KV_SCALE_SUFFIXES", "Attention", "load_kv_scale"]
+
+KV_SCALE_SUFFIXES = (".k_scale", ".v_scale", ".kv_scale")
 
 
 class Attention(torch.nn.Module):
@@ -62,3 +71,41 @@ class Attention(torch.nn.Module):
         k = key.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = value.view(num_tokens, self.num_kv_heads, self.head_dim)
         return self.backend.forward(q, k, v, kv_cache, attn_metadata)
+
+    def load_kv_scale(self, which: str, tensor: torch.Tensor) -> None:
+        """Set this layer's fp8 KV cache scale from a checkpoint: ``which`` k, v or kv."""
+        if tensor.numel() == 0:
+            raise ValueError(f"{self.prefix}: the checkpoint's {which}_scale is empty")
+        value = float(tensor.detach().float().max())
+        k_scale = value if which in ("k", "kv") else None
+        v_scale = value if which in ("v", "kv") else None
+        try:
+            self.backend.set_kv_scales(k_scale, v_scale)
+        except ValueError as exc:
+            raise ValueError(f"{self.prefix}: checkpoint {which}_scale: {exc}") from exc
+
+
+def load_kv_scale(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """Route checkpoint tensor ``name`` (ending in a ``KV_SCALE_SUFFIXES`` entry) to its layer.
+
+    ``model.layers.0.self_attn.k_proj.k_scale`` -> the ``Attention`` at
+    ``model.layers.0.self_attn`` or ``model.layers.0.self_attn.attn``; raises ``ValueError``
+    naming the tensor when there is none.
+    """
+    base, _, leaf = name.rpartition(".")
+    which = leaf.removesuffix("_scale")
+    if base.endswith((".k_proj", ".v_proj")):
+        base = base.rpartition(".")[0]
+    for path in (base, f"{base}.attn"):
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:
+            continue
+        if isinstance(module, Attention):
+            module.load_kv_scale(which, tensor)
+            return
+    raise ValueError(
+        f"checkpoint tensor {name!r} is an fp8 KV cache scale, but {type(model).__name__} has "
+        f"no attention layer at {base!r} or {base + '.attn'!r}; is the checkpoint for a "
+        "different architecture?"
+    )

@@ -20,7 +20,7 @@ import torch
 
 from engine_sdk.interfaces.model import ModelArchitecture, ModelContext
 from engine_sdk.layers.activation import GatedMLP
-from engine_sdk.layers.attention import Attention
+from engine_sdk.layers.attention import KV_SCALE_SUFFIXES, Attention, load_kv_scale
 from engine_sdk.layers.embedding import LMHead, VocabEmbedding
 from engine_sdk.layers.linear import Linear
 from engine_sdk.layers.norm import RMSNorm
@@ -247,8 +247,9 @@ class DecoderForCausalLM(ModelArchitecture):
         """Copy checkpoint tensors into the parameters of the same name.
 
         A parameter with a ``weight_loader(param, tensor)`` attribute (set by a
-        quantization method) loads itself. A tied ``lm_head.weight`` is skipped; an
-        unknown name or a shape mismatch raises ``ValueError`` naming the tensor.
+        quantization method) loads itself. fp8 KV cache scales (``*.k_scale``, ``*.v_scale``,
+        ``*.kv_scale``) go to their attention layer's backend. A tied ``lm_head.weight`` is
+        skipped; an unknown name or a shape mismatch raises ``ValueError`` naming the tensor.
         """
         params = dict(self.named_parameters())
         loaded: set[str] = set()
@@ -258,6 +259,9 @@ class DecoderForCausalLM(ModelArchitecture):
             if name == "lm_head.weight" and self.lm_head.tied:
                 continue
             param = params.get(name)
+            if param is None and name.endswith(KV_SCALE_SUFFIXES):
+                load_kv_scale(self, name, tensor)  # fp8 KV cache scales: not parameters
+                continue
             if param is None:
                 raise ValueError(
                     f"checkpoint tensor {name!r} has no parameter in {type(self).__name__}; "
