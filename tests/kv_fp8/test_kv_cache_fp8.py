@@ -99,7 +99,7 @@ def test_fp8_cache_holds_4x_the_float32_blocks(
     assert all(c.dtype == torch.float32 for c in auto_runner.kv_caches)
     assert "KV cache: 800 blocks x 4 tokens = 3200 tokens (400.00 KiB)" in caplog.text
     assert "KV cache dtype fp8 (float8_e4m3fn, 1 byte(s) per element)" in caplog.text
-    assert "using scale 1.0" in caplog.text  # no scales in this checkpoint
+    assert "stored with scale 1.0" in caplog.text  # no scales in this checkpoint
 
 
 def test_fp8_cache_holds_2x_the_bfloat16_blocks(model_dir: Path) -> None:

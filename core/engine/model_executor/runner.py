@@ -149,7 +149,7 @@ class ModelRunner:
         num_scaled = sum(1 for k, v in scales if (k, v) != (1.0, 1.0))
         logger.info(
             "KV cache dtype %s (%s, %d byte(s) per element); %d of %d layers have K/V scales "
-            "from the checkpoint, the others 1.0",
+            "other than 1.0 (from the checkpoint)",
             self.args.kv_cache_dtype,
             str(self.kv_cache_dtype).removeprefix("torch."),
             torch.empty((), dtype=self.kv_cache_dtype).element_size(),
@@ -158,8 +158,8 @@ class ModelRunner:
         )
         if num_scaled == 0:
             logger.warning(
-                "--kv-cache-dtype %s without k_scale/v_scale in the checkpoint: using scale "
-                "1.0, so K/V values beyond +-%g are clipped",
+                "--kv-cache-dtype %s: the checkpoint has no k_scale/v_scale tensors (or only "
+                "1.0), so K/V are stored with scale 1.0 and values beyond +-%g clip",
                 self.args.kv_cache_dtype,
                 torch.finfo(self.kv_cache_dtype).max,
             )

@@ -93,8 +93,8 @@ class TritonAttentionBackend(AttentionBackend):
         num_tokens = query.shape[0]
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         fp8 = kv_cache.dtype == torch.float8_e4m3fn
-        if fp8 and self.kv_scales.device != query.device:
-            self.kv_scales = self.kv_scales.to(query.device)  # a backend built off-device
+        if self.kv_scales.device != query.device:  # a backend built outside torch.device
+            self.kv_scales = self.kv_scales.to(query.device)  # (the kernels take its pointer)
         if num_tokens:
             store_kv_kernel[(num_tokens,)](
                 key,
