@@ -252,8 +252,10 @@ class Soak:
         while time.monotonic() < deadline:
             state = await self.load()
             busy = state["num_requests_running"] or state["num_requests_waiting"]
-            if not busy and state["kv_cache_usage"] == 0 and not state.get(
-                "num_http_requests_in_flight"
+            if (
+                not busy
+                and state["kv_cache_usage"] == 0
+                and not state.get("num_http_requests_in_flight")
             ):
                 break
             await asyncio.sleep(0.2)
