@@ -12,6 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
+# Module level: `conftest` names this directory's conftest only while it is collected.
+from conftest import REAL_SERVER_FLAGS, ServerProcess, engine_cli, free_port
+from conftest import real_engine_available as available
+
 pytestmark = pytest.mark.timeout(120)
 MESSAGES = [{"role": "user", "content": "Hello"}]
 
@@ -160,9 +164,6 @@ def test_cors_only_when_allowed(make_fake_server: Any) -> None:
 
 def test_real_engine_sigterm_aborts_and_exits_0(tmp_path: Any) -> None:
     """The real engine: SIGTERM with --shutdown-timeout 0 ends a long stream with abort."""
-    from conftest import REAL_SERVER_FLAGS, ServerProcess, engine_cli, free_port
-    from conftest import real_engine_available as available
-
     if not available():
         pytest.skip("the real engine is not there yet")
     from engine_sdk.testing.models import build_tiny_model
