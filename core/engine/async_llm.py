@@ -5,8 +5,11 @@ stream ``RequestOutput`` records per request.
     generate() ── prepare (tokenize, validate)
                ── inbox.put(add) ─────────▶  apply commands between steps
                                               step() ─▶ outputs
-    async for out in queue  ◀─ call_soon_threadsafe(queue.put_nowait, out)
+    async for out in queue  ◀─ call_soon_threadsafe(put a step's outputs)  (one per step)
     generator closed early  ── inbox.put(abort) ─▶ abort: blocks freed at once
+
+A caller that falls behind gets the updates that queued up merged into one (outputs are
+cumulative; the deltas are concatenated), so a busy event loop sends fewer, larger chunks.
 
 Only the engine thread touches the ``LLMEngine``; callers reach it through the thread-safe
 inbox. A step that raises fails the requests in flight (their generators raise
@@ -231,6 +234,11 @@ class AsyncLLM:
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
+                if not item.finished and not stream.queue.empty():
+                    item = _coalesce(item, stream.queue)
+                    if isinstance(item, BaseException):
+                        finished = True
+                        raise item
                 finished = item.finished
                 yield item
                 if finished:
@@ -333,16 +341,24 @@ class AsyncLLM:
         cmd.done.set_result(None)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """Hand a step's outputs to their callers: one wake-up per event loop per step
+        (not one per request), so 256 streams cost the loop one callback, not 256."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, Any]]] = {}
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue  # the caller stopped listening
+            item: RequestOutput | BaseException = out
             if out.error is not None and out.finished:
-                self._send(stream, EngineRequestError(out.error))
-            else:
-                self._send(stream, out)
+                item = EngineRequestError(out.error)
+            batches.setdefault(stream.loop, []).append((stream, item))
             if out.finished:
                 del self._streams[out.request_id]
+        for loop, batch in batches.items():
+            try:
+                loop.call_soon_threadsafe(_put_batch, batch)
+            except RuntimeError:
+                pass  # the caller's event loop is closed
 
     def _send(self, stream: _Stream, item: RequestOutput | BaseException) -> None:
         put: Callable[[Any], None] = stream.queue.put_nowait
@@ -371,3 +387,40 @@ class AsyncLLM:
             done.set_exception(error)
         except concurrent.futures.InvalidStateError:
             pass  # the engine thread answered first
+
+
+def _put_batch(batch: list[tuple[_Stream, Any]]) -> None:
+    for stream, item in batch:
+        stream.queue.put_nowait(item)
+
+
+def _coalesce(
+    first: RequestOutput, pending: asyncio.Queue[RequestOutput | BaseException]
+) -> RequestOutput | BaseException:
+    """Merge the updates that queued up behind ``first`` while the caller was busy into
+    one: the newest (outputs are cumulative) with the skipped updates' deltas prepended.
+
+    A caller slower than the engine (256 SSE streams on one event loop) then sends one
+    chunk per catch-up instead of one per step, so it falls behind by less each time.
+    Stops at a finished update or an error, which are delivered as they are.
+    """
+    merged = first
+    while not merged.finished and not pending.empty():
+        item = pending.get_nowait()
+        if isinstance(item, BaseException):
+            return item  # an engine failure ends the stream; the text so far is moot
+        _prepend_deltas(item, merged)
+        merged = item
+    return merged
+
+
+def _prepend_deltas(later: RequestOutput, earlier: RequestOutput) -> None:
+    before = {c.index: c for c in earlier.outputs}
+    for c in later.outputs:
+        prev = before.get(c.index)
+        if prev is None:
+            continue
+        c.delta_text = prev.delta_text + c.delta_text
+        c.delta_token_ids = prev.delta_token_ids + c.delta_token_ids
+        if prev.delta_logprobs is not None or c.delta_logprobs is not None:
+            c.delta_logprobs = (prev.delta_logprobs or []) + (c.delta_logprobs or [])

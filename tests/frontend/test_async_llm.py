@@ -205,3 +205,25 @@ def test_dead_loop_fails_pending_and_new_requests(byte_tokenizer: Any) -> None:
 
     asyncio.run(main())
     llm.shutdown()
+
+
+def test_slow_caller_gets_merged_updates_with_every_delta(async_llm: AsyncLLM) -> None:
+    """A caller that blocks its event loop while steps go on receives fewer updates, each
+    the newest cumulative output, whose deltas still add up to the whole text and ids."""
+    llm = async_llm
+
+    async def main() -> None:
+        params = SamplingParams(max_tokens=40, seed=5, ignore_eos=True, logprobs=1)
+        outs = []
+        async for out in llm.generate(list(range(20, 40)), params, "slow"):
+            outs.append(out)
+            time.sleep(0.03)  # blocks the loop: ~6 engine steps queue up meanwhile
+        final = outs[-1].outputs[0]
+        assert outs[-1].finished and len(final.token_ids) == 40
+        assert len(outs) < 20, f"{len(outs)} updates: queued ones were not merged"
+        assert [t for o in outs for t in o.outputs[0].delta_token_ids] == final.token_ids
+        assert "".join(o.outputs[0].delta_text for o in outs) == final.text
+        merged_lps = [lp for o in outs for lp in (o.outputs[0].delta_logprobs or [])]
+        assert merged_lps == final.logprobs
+
+    asyncio.run(main())
