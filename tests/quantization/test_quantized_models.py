@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from engine import LLM, SamplingParams
+from engine.errors import StartupError
 from engine_sdk.testing.models import build_tiny_model
 from quant_formats import (
     online_fp8_reference,
@@ -145,5 +146,5 @@ def test_quantization_flag_conflicting_with_checkpoint(
     write_awq(src, tmp_path / "awq", group_size=32)
     with pytest.raises(Exception, match="conflicts with the checkpoint's quant_method 'awq'"):
         LLM(str(tmp_path / "awq"), kv_cache_memory_bytes=1 << 20, quantization="fp8", **BASE)
-    with pytest.raises(Exception, match="AutoAWQ checkpoint"):
+    with pytest.raises(StartupError, match="AutoAWQ checkpoint"):
         LLM(str(src), kv_cache_memory_bytes=1 << 20, quantization="awq", **BASE)

@@ -38,7 +38,13 @@ def _engine_from_args(argv: list[str]) -> Any:
         ns["model"] = positional
     if not ns.get("model"):
         raise typer.BadParameter("pass --model PATH (an HF folder, or config-only with dummy)")
-    return LLM(**{k: v for k, v in ns.items() if k in EngineArgs.field_names()})
+    from engine.errors import StartupError
+
+    try:
+        return LLM(**{k: v for k, v in ns.items() if k in EngineArgs.field_names()})
+    except StartupError as exc:  # a configuration the engine refuses: one line, exit 1
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 def _vocab_size(llm: Any) -> int:

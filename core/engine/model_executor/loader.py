@@ -107,7 +107,11 @@ def resolve_quant_config(
         config_cls = pm.require_quant_method(str(name))
     except Exception as exc:
         raise StartupError(str(exc)) from exc
-    quant_config: QuantizationConfig = config_cls.from_config(checkpoint or {})
+    try:
+        quant_config: QuantizationConfig = config_cls.from_config(checkpoint or {})
+    except (ValueError, KeyError, TypeError) as exc:  # a plugin refusing this checkpoint
+        where = "--quantization" if args.quantization else "the checkpoint's quantization_config"
+        raise StartupError(f"quantization {name!r} ({where}): {exc}") from exc
     problem = quant_config.check_device(device)
     if problem is not None:
         raise StartupError(f"quantization {name!r} cannot run on {device}: {problem}")
