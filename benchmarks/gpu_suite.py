@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from suite_extra import GilProfile, part_masks, part_quant
+
 QWEN3_0_6B = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
@@ -179,7 +181,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tokenizer-dir", type=Path, required=True)
-    parser.add_argument("--parts", default="correctness,hf,w1,w2,w3,w4,prefix,llama8b")
+    parser.add_argument("--parts", default="correctness,hf,w1,w2,w3,w4,prefix,llama8b,masks,quant")
     parser.add_argument("--num-prompts", type=int, default=1024)
     parser.add_argument("--summary", type=Path, help="Also write suite.json here after each part")
     args = parser.parse_args()
@@ -281,6 +283,7 @@ def main() -> None:
         server = start_server(out, qwen, 8011)
         try:
             for conc in (256, 16):
+                profile = GilProfile(out, server.pid) if conc == 256 else None
                 results[f"w3_c{conc}"] = bench(
                     out,
                     f"w3_c{conc}",
@@ -298,6 +301,8 @@ def main() -> None:
                         str(conc),
                     ],
                 )
+                if profile is not None:
+                    results["w3_gil"] = profile.summary()
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(60)
@@ -338,6 +343,11 @@ def main() -> None:
                 "256",
             ],
         )
+
+    if "masks" in parts:
+        results["masks"] = part_masks(out, args.tokenizer_dir, run)
+    if "quant" in parts:
+        results["quant"] = part_quant(out, qwen, llama, n, bench, run)
 
     (out / "suite.json").write_text(json.dumps(results, indent=2, default=str))
     print_table(results)
@@ -420,6 +430,7 @@ def print_table(results: dict[str, Any]) -> None:
         if r:
             value = r.get("ms_per_output_token") or r.get("output_tokens_per_s")
             rows.append((label, value, ""))
+    rows += _extra_rows(results)
     corr = results.get("correctness")
     if corr:
         rows.append(
@@ -438,6 +449,27 @@ def print_table(results: dict[str, Any]) -> None:
         text = f"{value:,.2f}" if isinstance(value, float) else str(value)
         print(f"{label:<{width}}  {text:>14}  {note}")
     print("=" * 80, flush=True)
+
+
+def _extra_rows(results: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    rows: list[tuple[str, Any, str]] = []
+    gil = results.get("w3_gil")
+    if gil and "gil_held_fraction" in gil:
+        rows.append(("W3 c=256 GIL held (server)", f"{gil['gil_held_fraction']:.0%}", ""))
+    for run in _get(results.get("masks"), "runs") or []:
+        rows.append(
+            (
+                f"masking batch {run['batch']} ms/step plain / schema",
+                f"{run['ms_per_step_plain_p50']:.2f} / {run['ms_per_step_json_schema_p50']:.2f}",
+                f"+{run['masking_overhead_ms_p50']:.2f} ms",
+            )
+        )
+    for key, r in (results.get("quant") or {}).items():
+        if key.startswith("q_") and isinstance(r, dict):
+            value = r.get("ms_per_output_token") or r.get("output_tokens_per_s") or "failed"
+            note = f"weights {r.get('weights_gib', '?')} GiB, KV {r.get('kv_tokens', '?')} tokens"
+            rows.append((key, value, note))
+    return rows
 
 
 if __name__ == "__main__":

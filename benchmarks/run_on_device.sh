@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Install the tree on the GPU machine (no network: wheels in .whl/, our packages built
 # locally) and run the GPU suite; everything comes back as one archive under $OUT.
+# .whl/ holds cp312 wheels of what the machine lacks: fastapi, starlette, pydantic(-core),
+# annotated-types, typing-inspection, uvicorn, opentelemetry-api, outlines-core, jsonschema
+# (+ jsonschema-specifications, referencing, rpds-py, attrs) and, optionally, py-spy.
 # Usage (device call, repository root): bash benchmarks/run_on_device.sh PARTS [NUM_PROMPTS]
 set -uo pipefail
-PARTS="${1:-correctness,hf,w1,w2,w3,w4,prefix,llama8b}"
+PARTS="${1:-correctness,hf,w1,w2,w3,w4,prefix,llama8b,masks,quant}"
 NUM_PROMPTS="${2:-1024}"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site2 \
-    ./sdk ./core ./plugins/reference ./plugins/qwen3 ./plugins/llama ./plugins/triton || exit 1
-export PYTHONPATH=/tmp/site2:/tmp/site
+    ./sdk ./core ./plugins/reference ./plugins/qwen3 ./plugins/llama ./plugins/triton \
+    ./plugins/fp8 ./plugins/awq ./plugins/outlines || exit 1
+export PYTHONPATH=/tmp/site2:/tmp/site PATH="/tmp/site/bin:$PATH"  # py-spy, when carried
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 python3 benchmarks/gpu_suite.py --out /tmp/suite --tokenizer-dir .gpu/tokenizer \
     --parts "$PARTS" --num-prompts "$NUM_PROMPTS" --summary "$OUT/suite.json" \

@@ -35,6 +35,9 @@ def test_throughput_and_latency_save_records(model_dir: Path, tmp_path: Path) ->
     assert record["benchmark"] == "throughput"
     assert record["output_tokens"] == 30 and record["prompt_tokens"] == 48
     assert record["output_tokens_per_s"] > 0 and "command" in record
+    facts = record["engine"]
+    assert facts["kv_cache_bytes"] <= 8 << 20 and facts["weights_bytes"] > 0
+    assert facts["kv_tokens"] == facts["num_blocks"] * facts["block_size"] > 0
     out = tmp_path / "lat.json"
     r = bench(
         "latency", "--model", str(model_dir), *FLAGS, "--batch-size", "2", "--input-len", "8",

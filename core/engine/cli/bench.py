@@ -51,6 +51,21 @@ def _vocab_size(llm: Any) -> int:
     return int(llm.engine.vocab_size)
 
 
+def _engine_facts(llm: Any) -> dict[str, Any]:
+    """The memory plan the numbers were measured under (weights, KV capacity)."""
+    runner = llm.engine.runner
+    plan = getattr(runner, "plan", None)
+    facts: dict[str, Any] = {"weights_bytes": getattr(runner, "weights_bytes", None)}
+    if plan is not None:
+        facts.update(
+            kv_cache_bytes=plan.kv_cache_bytes,
+            kv_tokens=plan.num_tokens,
+            num_blocks=plan.num_blocks,
+            block_size=plan.block_size,
+        )
+    return facts
+
+
 def _finish(kind: str, result: dict[str, Any], save_result: str | None) -> None:
     from engine.benchmarks.report import envelope, save, table
 
@@ -93,7 +108,8 @@ def throughput(
         )
     else:
         raise typer.BadParameter("--dataset-name must be random or nano-vllm")
-    _finish("throughput", run_throughput(llm, requests, temperature), save_result)
+    result = run_throughput(llm, requests, temperature)
+    _finish("throughput", {**result, "engine": _engine_facts(llm)}, save_result)
 
 
 @app.command(context_settings=_EXTRA)
@@ -114,7 +130,7 @@ def latency(
     llm = _engine_from_args(list(ctx.args))
     batch = random_requests(batch_size, input_len, output_len, _vocab_size(llm))
     result = run_latency(llm, batch, num_iters, num_iters_warmup, temperature)
-    _finish("latency", result, save_result)
+    _finish("latency", {**result, "engine": _engine_facts(llm)}, save_result)
 
 
 @app.command()
