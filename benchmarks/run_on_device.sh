@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the tree on the GPU machine (no network: wheels in .whl/, our packages built
-# locally) and run the GPU suite; everything comes back as one archive under $OUT.
+# locally) and run the GPU suite.
 # .whl/ holds cp312 wheels of what the machine lacks: fastapi, starlette, pydantic(-core),
 # annotated-types, typing-inspection, uvicorn, opentelemetry-api, outlines-core, jsonschema
 # (+ jsonschema-specifications, referencing, rpds-py, attrs) and, optionally, py-spy.
@@ -15,10 +15,9 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tm
     ./plugins/fp8 ./plugins/awq ./plugins/outlines || exit 1
 export PYTHONPATH=/tmp/site2:/tmp/site PATH="/tmp/site/bin:$PATH"  # py-spy, when carried
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
-python3 benchmarks/gpu_suite.py --out /tmp/suite --tokenizer-dir .gpu/tokenizer \
+# Results go straight under $OUT, so a call that runs out of time still returns each
+# finished part's JSON and log.
+python3 benchmarks/gpu_suite.py --out "$OUT/suite" --tokenizer-dir .gpu/tokenizer \
     --parts "$PARTS" --num-prompts "$NUM_PROMPTS" --summary "$OUT/suite.json" \
-    2>&1 | tee /tmp/suite-console.log
-status=${PIPESTATUS[0]}
-cp /tmp/suite-console.log "$OUT/console.log"
-tar czf "$OUT/suite.tar.gz" --exclude=models -C /tmp suite
-exit "$status"
+    2>&1 | tee "$OUT/console.log"
+exit "${PIPESTATUS[0]}"

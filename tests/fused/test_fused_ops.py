@@ -76,3 +76,32 @@ def test_disabled_path_is_the_torch_reference(monkeypatch):
     fused_ops._kernels.cache_clear()
     x = torch.randn(2, 8)
     assert not fused_ops.enabled(x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_matches_add_then_norm(dtype):
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 96, generator=gen).to(dtype).to(DEVICE)
+    residual = torch.randn(6, 96, generator=gen).to(dtype).to(DEVICE)
+    norm = RMSNorm(96, eps=1e-6, dtype=dtype).to(DEVICE)
+    norm.weight.data = torch.randn(96, generator=gen).to(dtype).to(DEVICE)
+    out, summed = norm.add_forward(x, residual)
+    fused_ops._kernels.cache_clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ENGINE_FUSED_OPS", "0")
+        ref_out, ref_sum = norm.add_forward(x, residual)
+    torch.testing.assert_close(summed, ref_sum, atol=0, rtol=0)  # one rounding, same as add
+    torch.testing.assert_close(out, ref_out, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_merged_matches_split(dtype):
+    gen = torch.Generator().manual_seed(3)
+    gate_up = torch.randn(5, 2 * 1100, generator=gen).to(dtype).to(DEVICE) * 3
+    got = fused_ops.silu_and_mul_merged(gate_up)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    ref = torch.nn.functional.silu(gate) * up
+    assert got.shape == (5, 1100)
+    torch.testing.assert_close(got.float(), ref, **_tol(dtype))
+    empty = fused_ops.silu_and_mul_merged(gate_up[:0])
+    assert empty.shape == (0, 1100)

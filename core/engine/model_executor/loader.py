@@ -13,6 +13,7 @@ float32 gives exact parity with Hugging Face references. Explicit values are hon
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -203,4 +204,7 @@ def load_model(
         method = getattr(module, "quant_method", None)
         if isinstance(method, QuantizationMethod):
             method.process_weights_after_loading(module)
+    merge = getattr(model, "merge_projections", None)
+    if callable(merge) and os.environ.get("ENGINE_MERGE_PROJECTIONS", "1") != "0":
+        merge()  # q/k/v and gate/up as one GEMM each (plain weights only)
     return model

@@ -49,6 +49,16 @@ logger = logging.getLogger(__name__)
 __all__ = ["ModelRunner"]
 
 
+def tensor_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (merged q/k/v weights and their
+    per-projection views count once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+    return sum(seen.values())
+
+
 class ModelRunner:
     def __init__(
         self, args: EngineArgs, pm: Any, source: ModelSource, sampler: Sampler | None = None
@@ -70,9 +80,7 @@ class ModelRunner:
             self.device, self.dtype, self.block_size, self._make_attention, args.kv_cache_dtype
         )
         self.model = load_model(args, pm, source, load_config)
-        self.weights_bytes = sum(
-            t.numel() * t.element_size() for t in [*self.model.parameters(), *self.model.buffers()]
-        )
+        self.weights_bytes = tensor_bytes([*self.model.parameters(), *self.model.buffers()])
         self.vocab_size = int(source.hf_config.vocab_size)
         self.sampler = sampler if sampler is not None else Sampler()
         self.structured_outputs = StructuredOutputState(

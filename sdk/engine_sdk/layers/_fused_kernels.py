@@ -69,3 +69,35 @@ def rotary_kernel(
         pmask = (heads < num_heads) & (rest < head_dim - 2 * half)
         keep = tl.load(base_x + 2 * half + rest, mask=pmask, other=0.0)
         tl.store(base_o + 2 * half + rest, keep, mask=pmask)
+
+
+@triton.jit
+def add_rms_norm_kernel(
+    x_ptr, r_ptr, w_ptr, out_ptr, res_ptr, stride_x, stride_r, stride_o, stride_s, n, eps,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    # s = x + residual (rounded to the dtype, as the unfused add stores it), then RMSNorm(s).
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+    s = (x + r).to(res_ptr.dtype.element_ty)
+    tl.store(res_ptr + row * stride_s + offs, s, mask=mask)
+    s32 = s.to(tl.float32)
+    var = tl.sum(s32 * s32, 0) / n
+    y = (s32 * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + offs, (y * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def silu_mul_merged_kernel(gu_ptr, out_ptr, stride_gu, stride_o, inter, BLOCK: tl.constexpr):
+    # gu rows are [gate | up] (one merged GEMM); out = silu(gate) * up.
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < inter
+    g = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * stride_gu + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    out = g / (1.0 + tl.exp(-g)) * u
+    tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)

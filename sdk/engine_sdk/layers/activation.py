@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine_sdk.layers import fused_ops
-from engine_sdk.layers.linear import Linear
+from engine_sdk.layers.linear import Linear, merge_linears
 
 if TYPE_CHECKING:
     from engine_sdk.interfaces.quantization import QuantizationConfig
@@ -44,7 +44,21 @@ class GatedMLP(torch.nn.Module):
         self.gate_proj = linear("gate_proj", hidden_size, intermediate_size)
         self.up_proj = linear("up_proj", hidden_size, intermediate_size)
         self.down_proj = linear("down_proj", intermediate_size, hidden_size)
+        self.gate_up_proj: Linear | None = None  # set by merge_projections()
+
+    def merge_projections(self) -> None:
+        """After loading: gate and up as one GEMM (when their weights are plain)."""
+        self.gate_up_proj = merge_linears([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+        if self.gate_up_proj is not None:
+            gate_up = self.gate_up_proj(x)
+            if fused_ops.enabled(gate_up):
+                hidden = fused_ops.silu_and_mul_merged(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                hidden = torch.nn.functional.silu(gate) * up
+        else:
+            hidden = silu_and_mul(self.gate_proj(x), self.up_proj(x))
+        out: torch.Tensor = self.down_proj(hidden)
         return out

@@ -22,7 +22,7 @@ from engine_sdk.interfaces.model import ModelArchitecture, ModelContext
 from engine_sdk.layers.activation import GatedMLP
 from engine_sdk.layers.attention import KV_SCALE_SUFFIXES, Attention, load_kv_scale
 from engine_sdk.layers.embedding import LMHead, VocabEmbedding
-from engine_sdk.layers.linear import Linear
+from engine_sdk.layers.linear import Linear, merge_linears
 from engine_sdk.layers.norm import RMSNorm
 from engine_sdk.layers.parallel import (
     ColumnParallelLinear,
@@ -114,6 +114,11 @@ class DecoderAttention(torch.nn.Module):
             sliding_window=_sliding_window(cfg, layer_idx),
             prefix=f"{prefix}.attn",
         )
+        self.qkv_proj: Linear | None = None  # set by merge_projections()
+
+    def merge_projections(self) -> None:
+        """After loading: q, k and v as one GEMM (when their weights are plain)."""
+        self.qkv_proj = merge_linears([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(
         self,
@@ -123,9 +128,15 @@ class DecoderAttention(torch.nn.Module):
         attn_metadata: Any,
     ) -> torch.Tensor:
         num_tokens = hidden_states.shape[0]
-        q = self.q_proj(hidden_states).view(num_tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden_states).view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden_states).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if self.qkv_proj is not None:
+            q2, k2, v2 = self.qkv_proj(hidden_states).split([q_size, kv_size, kv_size], dim=-1)
+        else:
+            q2 = self.q_proj(hidden_states)
+            k2, v2 = self.k_proj(hidden_states), self.v_proj(hidden_states)
+        q = q2.view(num_tokens, self.num_heads, self.head_dim)
+        k = k2.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v2.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos_sin
@@ -159,17 +170,21 @@ class DecoderLayer(torch.nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
+        residual: torch.Tensor | None,
         cos_sin: tuple[torch.Tensor, ...],
         kv_cache: torch.Tensor,
         attn_metadata: Any,
-    ) -> torch.Tensor:
-        residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(block output, residual stream)``: the residual add is left to the next norm
+        (``add_forward``), which fuses it; the first layer gets ``residual=None``."""
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm.add_forward(hidden_states, residual)
         hidden_states = self.self_attn(hidden_states, cos_sin, kv_cache, attn_metadata)
-        hidden_states = residual + hidden_states
-        residual = hidden_states
-        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
-        return residual + hidden_states
+        hidden_states, residual = self.post_attention_layernorm.add_forward(hidden_states, residual)
+        return self.mlp(hidden_states), residual
 
 
 class DecoderModel(torch.nn.Module):
@@ -202,9 +217,15 @@ class DecoderModel(torch.nn.Module):
     ) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids)
         cos_sin = self.rotary_emb.cos_sin(positions, hidden_states.dtype)
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden_states = layer(hidden_states, cos_sin, kv_cache, attn_metadata)
-        result: torch.Tensor = self.norm(hidden_states)
+            hidden_states, residual = layer(
+                hidden_states, residual, cos_sin, kv_cache, attn_metadata
+            )
+        if residual is None:  # no layers
+            result: torch.Tensor = self.norm(hidden_states)
+            return result
+        result, _ = self.norm.add_forward(hidden_states, residual)
         return result
 
 
@@ -238,6 +259,15 @@ class DecoderForCausalLM(ModelArchitecture):
     ) -> torch.Tensor:
         hidden: torch.Tensor = self.model(input_ids, positions, kv_caches, attn_metadata)
         return hidden
+
+    def merge_projections(self) -> None:
+        """Called by the loader once weights are final (after quantization processing):
+        q/k/v and gate/up run as one GEMM each where their weights are plain."""
+        for layer in self.model.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.self_attn.merge_projections()
+            if isinstance(layer.mlp, GatedMLP):
+                layer.mlp.merge_projections()
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.lm_head(hidden_states)

@@ -1,4 +1,5 @@
-"""Fused Triton kernels for the layers' elementwise work on CUDA: RMSNorm, SiLU-and-mul, rope.
+"""Fused Triton kernels for the layers' elementwise work on CUDA: RMSNorm (with the residual
+add), SiLU-and-mul (also over a merged gate/up output), rope.
 
 Each replaces a chain of small torch kernels (RMSNorm alone is five) with one launch; a
 decode step of a 28-layer model launches about a thousand fewer kernels. Arithmetic is in
@@ -48,6 +49,38 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rows, weight, out, rows.stride(0), out.stride(0), n, eps, BLOCK=block, num_warps=4
     )
     return out.view(shape)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x + residual), x + residual)`` in one pass over 2-D ``[rows, n]``."""
+    from engine_sdk.layers._fused_kernels import add_rms_norm_kernel
+
+    rows_x, rows_r = x.reshape(-1, x.shape[-1]), residual.reshape(-1, x.shape[-1])
+    out, new_residual = torch.empty_like(rows_x), torch.empty_like(rows_x)
+    n = x.shape[-1]
+    block = max(16, 1 << (n - 1).bit_length())
+    add_rms_norm_kernel[(rows_x.shape[0],)](
+        rows_x, rows_r, weight, out, new_residual, rows_x.stride(0), rows_r.stride(0),
+        out.stride(0), new_residual.stride(0), n, eps, BLOCK=block, num_warps=4,
+    )  # fmt: skip
+    return out.view(x.shape), new_residual.view(x.shape)
+
+
+def silu_and_mul_merged(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up`` = ``[rows, 2 * inter]`` (gate first)."""
+    from engine_sdk.layers._fused_kernels import silu_mul_merged_kernel
+
+    rows = gate_up.reshape(-1, gate_up.shape[-1])
+    inter = rows.shape[-1] // 2
+    out = torch.empty(rows.shape[0], inter, dtype=rows.dtype, device=rows.device)
+    if rows.shape[0] == 0:
+        return out
+    block = 1024
+    grid = (rows.shape[0], triton_cdiv(inter, block))
+    silu_mul_merged_kernel[grid](rows, out, rows.stride(0), out.stride(0), inter, BLOCK=block)
+    return out.view(*gate_up.shape[:-1], inter)
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from engine_sdk.interfaces.quantization import QuantizationMethod
 if TYPE_CHECKING:
     from engine_sdk.interfaces.quantization import QuantizationConfig
 
-__all__ = ["Linear", "UnquantizedLinearMethod"]
+__all__ = ["Linear", "UnquantizedLinearMethod", "merge_linears"]
 
 
 class UnquantizedLinearMethod(QuantizationMethod):
@@ -74,3 +74,52 @@ class Linear(torch.nn.Module):
     def extra_repr(self) -> str:
         method = type(self.quant_method).__name__
         return f"in={self.input_size}, out={self.output_size}, method={method}"
+
+
+def merge_linears(layers: list[Linear]) -> Linear | None:
+    """One ``Linear`` computing ``cat([l(x) for l in layers], -1)`` with one GEMM, or None.
+
+    For projections that read the same input (q/k/v, gate/up): one launch instead of
+    several, and a wider GEMM that uses the GPU better. Only plain (unquantized) weights of
+    one dtype and device merge, all with or all without bias. The merged weight is one
+    tensor; each original layer's weight becomes a view of its rows, so memory is not
+    doubled and the originals still work.
+    """
+    first = layers[0]
+    plain = all(
+        type(layer.quant_method) is UnquantizedLinearMethod
+        and type(layer).forward is Linear.forward
+        and layer.input_size == first.input_size
+        for layer in layers
+    )
+    if not plain or len({(layer.bias is None) for layer in layers}) != 1:
+        return None
+    weights = [_tensor(layer.weight) for layer in layers]
+    if len({(w.dtype, w.device) for w in weights}) != 1:
+        return None
+    out_size = sum(layer.output_size for layer in layers)
+    merged = Linear.__new__(Linear)
+    torch.nn.Module.__init__(merged)
+    merged.input_size, merged.output_size = first.input_size, out_size
+    merged.prefix = "+".join(layer.prefix for layer in layers)
+    merged.quant_method = UnquantizedLinearMethod()
+    weight = torch.cat([w.data for w in weights], dim=0)
+    merged.register_parameter("weight", torch.nn.Parameter(weight, requires_grad=False))
+    bias = None
+    if first.bias is not None:
+        biases = [_tensor(layer.bias).data for layer in layers]
+        bias = torch.nn.Parameter(torch.cat(biases), requires_grad=False)
+    merged.register_parameter("bias", bias)
+    row = 0
+    for layer in layers:
+        rows = slice(row, row + layer.output_size)
+        layer.weight = torch.nn.Parameter(weight[rows], requires_grad=False)
+        if bias is not None:
+            layer.bias = torch.nn.Parameter(bias.data[rows], requires_grad=False)
+        row += layer.output_size
+    return merged
+
+
+def _tensor(value: object) -> torch.Tensor:
+    assert isinstance(value, torch.Tensor)
+    return value

@@ -25,5 +25,16 @@ class RMSNorm(torch.nn.Module):
         # HF casts back before the weight multiply; keeping the order keeps bf16 parity.
         return self.weight * x32.to(input_dtype)
 
+    def add_forward(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)``: the decoder's residual add fused into the
+        norm on CUDA (one kernel instead of two); the sum is rounded to the dtype first,
+        exactly as the separate add would store it."""
+        if fused_ops.enabled(x):
+            return fused_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        summed = x + residual
+        return self.forward(summed), summed
+
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
