@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -48,10 +49,12 @@ class ServerProcess:
     proc: subprocess.Popen[str] | None = None
     real: bool = False
     log_path: Path | None = None
+    scheme: str = "http"
+    verify: ssl.SSLContext | bool = True  # trusts the certificate of an https server
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
     def headers(self) -> dict[str, str]:
@@ -71,7 +74,8 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
+                health = httpx.get(self.base_url + "/health", timeout=1, verify=self.verify)
+                if health.status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

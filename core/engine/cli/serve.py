@@ -50,6 +50,23 @@ def find_default_model() -> str:
     return str(candidates[0])
 
 
+def check_tls_files(keyfile: str | None, certfile: str | None) -> None:
+    """Both or neither, and loadable as a pair: fail before the (slow) engine start."""
+    if keyfile is None and certfile is None:
+        return
+    if keyfile is None or certfile is None:
+        missing = "--ssl-keyfile" if keyfile is None else "--ssl-certfile"
+        raise UsageError(f"TLS needs both --ssl-keyfile and --ssl-certfile; {missing} is missing")
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(
+            f"--ssl-certfile {certfile!r} / --ssl-keyfile {keyfile!r} cannot be loaded: {exc}"
+        ) from None
+
+
 def setup_logging(level: str) -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -79,6 +96,7 @@ def serve_main(argv: list[str], engine_factory: Callable[[EngineArgs], Any] | No
     engine_args, server_args = parsed.engine_args, parsed.server_args
     try:
         setup_logging(server_args.log_level)
+        check_tls_files(server_args.ssl_keyfile, server_args.ssl_certfile)
         if engine_args.model is None:
             engine_args.model = find_default_model()
             if not server_args.served_model_name:
