@@ -245,3 +245,17 @@ def test_generation_config_defaults_from_the_model(tmp_path: Path) -> None:
     )
     n = neutral.default_sampling_params()
     assert (n.temperature, n.top_k, n.top_p, n.max_tokens) == (1.0, 0, 0.5, 16)
+
+
+def test_discarded_llm_frees_its_model(model_dirs: dict[str, Path]) -> None:
+    """``del llm; gc.collect()`` frees the weights, even though the engine gc-froze its
+    startup objects (a second LLM in the same process must not find the first's memory)."""
+    import gc
+    import weakref
+
+    llm = LLM(str(model_dirs["Qwen3ForCausalLM"]), kv_cache_memory_bytes=1 << 20, **BASE)
+    model = weakref.ref(llm.engine.runner.model)
+    assert llm.generate("hi", SamplingParams(max_tokens=2), use_tqdm=False)
+    del llm
+    gc.collect()
+    assert model() is None

@@ -49,22 +49,25 @@ async def _one(
             if resp.status_code != 200:
                 result.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
                 return result
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            buffer = b""
+            async for data in resp.aiter_raw():
                 now = time.perf_counter()
-                if chunk.get("usage"):
-                    result.output_tokens = chunk["usage"]["completion_tokens"]
-                if chunk.get("choices"):
-                    if result.ttft == 0.0:
-                        result.ttft = now - start
-                    else:
-                        result.itls.append(now - last)
-                    last = now
-                if "error" in chunk:
-                    result.error = str(chunk["error"])[:200]
-                    return result
+                buffer += data
+                *events, buffer = buffer.split(b"\n\n")
+                for event in events:
+                    kind = _classify(event)
+                    if kind == "content":
+                        if result.ttft == 0.0:
+                            result.ttft = now - start
+                        else:
+                            result.itls.append(now - last)
+                        last = now
+                    elif kind == "usage":
+                        chunk = json.loads(event[6:])
+                        result.output_tokens = chunk["usage"]["completion_tokens"]
+                    elif kind == "error":
+                        result.error = event[6:206].decode(errors="replace")
+                        return result
         result.e2e = time.perf_counter() - start
         result.ok = result.output_tokens == req.output_len
         if not result.ok:
@@ -72,6 +75,19 @@ async def _one(
     except Exception as exc:  # a benchmark reports failures, it does not stop on them
         result.error = f"{type(exc).__name__}: {exc}"
     return result
+
+
+def _classify(event: bytes) -> str:
+    """What one SSE event is, without parsing the JSON of the (many) content chunks: the
+    client must stay cheaper than the server it measures. Keys are JSON-quoted, so text
+    that happens to contain ``"error":`` is escaped and cannot match."""
+    if not event.startswith(b"data: ") or event == b"data: [DONE]":
+        return "other"
+    if b'"error":' in event:
+        return "error"
+    if b'"choices":[]' in event:
+        return "usage"
+    return "content" if b'"choices":[' in event else "other"
 
 
 async def run_serving(
@@ -82,15 +98,46 @@ async def run_serving(
     request_rate: float,
     api_key: str | None = None,
     seed: int = 0,
+    num_workers: int = 1,
 ) -> dict[str, Any]:
-    import httpx
+    """Send ``requests`` (``max_concurrency`` at a time, at ``request_rate``) and summarize.
+
+    ``num_workers`` > 1 splits the requests, the concurrency and the rate over that many
+    client processes, so a fast server is not measured through one Python client's limit.
+    """
+    if num_workers > 1:
+        return await asyncio.to_thread(
+            _run_workers, base_url, model, requests, max_concurrency, request_rate, api_key,
+            seed, num_workers,
+        )  # fmt: skip
     from tqdm import tqdm
+
+    bar = tqdm(total=len(requests), desc="requests")
+    t0 = time.monotonic()
+    results = await _run_shard(
+        base_url, model, requests, max_concurrency, request_rate, api_key, seed, bar.update
+    )
+    elapsed = time.monotonic() - t0
+    bar.close()
+    return summarize(results, elapsed, max_concurrency, request_rate)
+
+
+async def _run_shard(
+    base_url: str,
+    model: str,
+    requests: list[BenchRequest],
+    max_concurrency: int | None,
+    request_rate: float,
+    api_key: str | None,
+    seed: int,
+    on_done: Any,
+) -> list[RequestResult]:
+    import httpx
 
     url = base_url.rstrip("/") + "/completions"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limit = asyncio.Semaphore(max_concurrency or len(requests))
+    limit = asyncio.Semaphore(max_concurrency or len(requests) or 1)
     rng = random.Random(seed)
-    bar = tqdm(total=len(requests), desc="requests")
     timeout = httpx.Timeout(None, connect=30.0)
     limits = httpx.Limits(max_connections=max_concurrency or len(requests) or 1)
 
@@ -99,19 +146,84 @@ async def run_serving(
         async def guarded(req: BenchRequest) -> RequestResult:
             async with limit:
                 res = await _one(client, url, model, req, headers)
-            bar.update(1)
+            on_done(1)
             return res
 
-        start = time.perf_counter()
         tasks = []
         for req in requests:
             tasks.append(asyncio.create_task(guarded(req)))
             if request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(request_rate))
-        results = await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - start
+        return list(await asyncio.gather(*tasks))
+
+
+def _worker(args: tuple[Any, ...]) -> tuple[float, float, list[RequestResult]]:
+    """One client process: its shard of the requests, started at the shared instant."""
+    *shard_args, start_at = args
+    while time.monotonic() < start_at:
+        time.sleep(0.001)
+
+    def done(n: int) -> None:
+        with _COUNTER.get_lock():
+            _COUNTER.value += n
+
+    t0 = time.monotonic()
+    results = asyncio.run(_run_shard(*shard_args, done))
+    return t0, time.monotonic(), results
+
+
+def _run_workers(
+    base_url: str,
+    model: str,
+    requests: list[BenchRequest],
+    max_concurrency: int | None,
+    request_rate: float,
+    api_key: str | None,
+    seed: int,
+    num_workers: int,
+) -> dict[str, Any]:
+    import concurrent.futures
+    import multiprocessing
+
+    from tqdm import tqdm
+
+    num_workers = max(1, min(num_workers, len(requests)))
+    ctx = multiprocessing.get_context("spawn")
+    counter = ctx.Value("i", 0)
+    start_at = time.monotonic() + 3.0  # time for the spawned workers to import
+    jobs = []
+    for w in range(num_workers):
+        conc = None
+        if max_concurrency is not None:
+            conc = max(1, max_concurrency // num_workers + (w < max_concurrency % num_workers))
+        shard = requests[w::num_workers]
+        rate = request_rate / num_workers
+        jobs.append((base_url, model, shard, conc, rate, api_key, seed + w, start_at))
+    bar = tqdm(total=len(requests), desc="requests")
+    with concurrent.futures.ProcessPoolExecutor(
+        num_workers, mp_context=ctx, initializer=_init_worker, initargs=(counter,)
+    ) as pool:
+        futures = [pool.submit(_worker, job) for job in jobs]
+        while not all(f.done() for f in futures):
+            bar.n = counter.value
+            bar.refresh()
+            time.sleep(0.2)
+        outs = [f.result() for f in futures]
+    bar.n = counter.value
     bar.close()
-    return summarize(results, elapsed, max_concurrency, request_rate)
+    results = [r for _, _, rs in outs for r in rs]
+    elapsed = max(end for _, end, _ in outs) - min(begin for begin, _, _ in outs)
+    summary = summarize(results, elapsed, max_concurrency, request_rate)
+    summary["num_client_workers"] = num_workers
+    return summary
+
+
+_COUNTER: Any = None  # in a worker process: the shared count of finished requests
+
+
+def _init_worker(counter: Any) -> None:
+    global _COUNTER
+    _COUNTER = counter
 
 
 def summarize(

@@ -151,6 +151,9 @@ def serve(
         "inf"
     ),
     api_key: Annotated[str | None, typer.Option(envvar="ENGINE_API_KEY")] = None,
+    num_workers: Annotated[
+        int, typer.Option(help="Client processes (split requests and concurrency).")
+    ] = 1,
     save_result: SaveResult = None,
 ) -> None:
     """Drive a running server with concurrent streaming requests (TTFT, TPOT, ITL, E2E)."""
@@ -171,6 +174,14 @@ def serve(
             num_prompts, input_len, output_len, vocab_size, random_range_ratio, random_prefix_len
         )
     result = asyncio.run(
-        run_serving(base_url, model, requests, max_concurrency, request_rate, api_key)
+        run_serving(
+            base_url,
+            model,
+            requests,
+            max_concurrency,
+            request_rate,
+            api_key,
+            num_workers=num_workers,
+        )  # fmt: skip
     )
     _finish("serve", result, save_result)

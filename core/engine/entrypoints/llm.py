@@ -8,6 +8,7 @@ order. Keywords of ``LLM(...)`` are ``EngineArgs`` fields (an unknown one raises
 
 from __future__ import annotations
 
+import gc
 import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,6 +32,13 @@ class LLM:
         args = EngineArgs.from_kwargs(model=model, **engine_args)
         self.engine = LLMEngine.from_args(args)
         self._ids = itertools.count()
+
+    def __del__(self) -> None:
+        # The engine froze its startup objects (gc.freeze, for short collections while
+        # serving); frozen reference cycles are never collected, so without this a
+        # discarded LLM would keep its weights and KV cache (``del llm; gc.collect()``
+        # must free them, as with any Python object).
+        gc.unfreeze()
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> LLM:
