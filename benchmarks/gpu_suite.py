@@ -299,6 +299,8 @@ def main() -> None:
                         "256",
                         "--max-concurrency",
                         str(conc),
+                        "--num-workers",
+                        "4",
                     ],
                 )
                 if profile is not None:
