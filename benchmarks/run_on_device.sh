@@ -15,9 +15,12 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tm
     ./plugins/fp8 ./plugins/awq ./plugins/outlines || exit 1
 export PYTHONPATH=/tmp/site2:/tmp/site PATH="/tmp/site/bin:$PATH"  # py-spy, when carried
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
-# Results go straight under $OUT, so a call that runs out of time still returns each
-# finished part's JSON and log.
-python3 benchmarks/gpu_suite.py --out "$OUT/suite" --tokenizer-dir .gpu/tokenizer \
-    --parts "$PARTS" --num-prompts "$NUM_PROMPTS" --summary "$OUT/suite.json" \
-    2>&1 | tee "$OUT/console.log"
-exit "${PIPESTATUS[0]}"
+# The device returns at most 8 files: the summary (rewritten after each part) and the
+# console log go to $OUT directly, everything else as one archive. The suite stops at
+# SUITE_TIMEOUT seconds (default 540) so the archive is still written within a 600 s call.
+timeout "${SUITE_TIMEOUT:-540}" python3 benchmarks/gpu_suite.py --out /tmp/suite \
+    --tokenizer-dir .gpu/tokenizer --parts "$PARTS" --num-prompts "$NUM_PROMPTS" \
+    --summary "$OUT/suite.json" 2>&1 | tee "$OUT/console.log"
+status=${PIPESTATUS[0]}
+tar czf "$OUT/suite.tar.gz" --exclude=models -C /tmp suite
+exit "$status"
