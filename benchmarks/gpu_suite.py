@@ -145,8 +145,10 @@ def part_hf(out: Path, model: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {"hf_exit": code}
 
 
-def start_server(out: Path, model: Path, port: int) -> subprocess.Popen[bytes]:
-    log = (out / "server.log").open("w")
+def start_server(
+    out: Path, model: Path, port: int, extra: tuple[str, ...] = (), log_name: str = "server.log"
+) -> subprocess.Popen[bytes]:
+    log = (out / log_name).open("w")
     cmd = [
         sys.executable,
         "-m",
@@ -159,6 +161,7 @@ def start_server(out: Path, model: Path, port: int) -> subprocess.Popen[bytes]:
         "bfloat16",
         "--port",
         str(port),
+        *extra,
     ]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     import urllib.request
@@ -280,34 +283,30 @@ def main() -> None:
             ],
         )
     if "w3" in parts:
-        server = start_server(out, qwen, 8011)
-        try:
-            for conc in (256, 16):
-                profile = GilProfile(out, server.pid) if conc == 256 else None
-                results[f"w3_c{conc}"] = bench(
-                    out,
-                    f"w3_c{conc}",
-                    [
-                        "serve",
-                        "--base-url",
-                        "http://127.0.0.1:8011/v1",
-                        "--num-prompts",
-                        n,
-                        "--input-len",
-                        "512",
-                        "--output-len",
-                        "256",
-                        "--max-concurrency",
-                        str(conc),
-                        "--num-workers",
-                        "4",
-                    ],
-                )
-                if profile is not None:
-                    results["w3_gil"] = profile.summary()
-        finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(60)
+        # The engine in its own process (the default), then in a thread of the server
+        # process (--no-engine-process) at concurrency 256 for comparison.
+        for mode, extra, concs in (
+            ("", (), (256, 16)),
+            ("_thread", ("--no-engine-process",), (256,)),
+        ):
+            server = start_server(out, qwen, 8011, extra, f"server{mode}.log")
+            try:
+                for conc in concs:
+                    profile = GilProfile(out, server.pid) if conc == 256 and not mode else None
+                    results[f"w3{mode}_c{conc}"] = bench(
+                        out,
+                        f"w3{mode}_c{conc}",
+                        [
+                            "serve", "--base-url", "http://127.0.0.1:8011/v1", "--num-prompts", n,
+                            "--input-len", "512", "--output-len", "256",
+                            "--max-concurrency", str(conc), "--num-workers", "4",
+                        ],
+                    )  # fmt: skip
+                    if profile is not None:
+                        results["w3_gil"] = profile.summary()
+            finally:
+                server.send_signal(signal.SIGTERM)
+                server.wait(60)
     if "llama8b" in parts:
         results["llama8b_w2"] = bench(
             out,
@@ -402,21 +401,26 @@ def print_table(results: dict[str, Any]) -> None:
                 f"HF {hf.get('hf_step_ms', 0):.1f} ms",
             )
         )
-    for conc in (256, 16):
-        r = results.get(f"w3_c{conc}")
+    for key, label in (
+        ("w3_c256", "c=256"),
+        ("w3_c16", "c=16"),
+        ("w3_thread_c256", "c=256 thread"),
+    ):
+        r = results.get(key)
         if r:
+            conc = label
             ratio = f"{r['output_tokens_per_s'] / w1:.0%} of W1" if w1 else ""
-            rows.append((f"W3 c={conc} output tok/s", r["output_tokens_per_s"], ratio))
+            rows.append((f"W3 {conc} output tok/s", r["output_tokens_per_s"], ratio))
             rows.append(
                 (
-                    f"W3 c={conc} TTFT p50/p99 ms",
+                    f"W3 {conc} TTFT p50/p99 ms",
                     f"{r['ttft_ms']['p50']:.0f} / {r['ttft_ms']['p99']:.0f}",
                     "",
                 )
             )
             rows.append(
                 (
-                    f"W3 c={conc} TPOT p50/p99 ms",
+                    f"W3 {conc} TPOT p50/p99 ms",
                     f"{r['tpot_ms']['p50']:.2f} / {r['tpot_ms']['p99']:.2f}",
                     "",
                 )

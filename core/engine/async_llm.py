@@ -74,12 +74,14 @@ _STOP = object()
 class AsyncLLM:
     """Engine client for asyncio code (the API server)."""
 
-    def __init__(self, engine: LLMEngine, start: bool = True) -> None:
+    def __init__(
+        self, engine: LLMEngine, start: bool = True, initial_stats: SchedulerStats | None = None
+    ) -> None:
         self.engine = engine
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._streams: dict[str, _Stream] = {}  # engine thread only
         self._stats_lock = threading.Lock()
-        self._last_stats = engine.stats()
+        self._last_stats = initial_stats if initial_stats is not None else engine.stats()
         self._counters = engine.counters()
         self.dead_error: EngineDeadError | None = None
         self._ids = itertools.count()

@@ -35,7 +35,7 @@ class LLMEngine:
 
     def __init__(
         self,
-        engine_core: EngineCore,
+        engine_core: EngineCore | None,
         tokenizer: Any,
         *,
         max_model_len: int,
@@ -45,7 +45,7 @@ class LLMEngine:
         eos_token_ids: Sequence[int] = (),
         max_logprobs: int = 20,
     ) -> None:
-        self.engine_core = engine_core
+        self.engine_core: Any = engine_core  # None: a front end (see frontend_from_args)
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -109,6 +109,35 @@ class LLMEngine:
         # serving stay short (measured: pauses up to 170 ms per step without this).
         gc.collect()
         gc.freeze()
+        return engine
+
+    @classmethod
+    def frontend_from_args(cls, args: EngineArgs, max_model_len: int, vocab_size: int) -> LLMEngine:
+        """The request-side half of an engine whose core runs in another process: tokenizer,
+        chat template, sampling defaults, validation and grammar checks; no model, no core
+        (``engine_core`` is None). ``max_model_len`` and ``vocab_size`` come from that core.
+        """
+        from engine.model_executor.source import open_model_source
+        from engine.plugins import PluginManager
+
+        pm = PluginManager.load(requested=args.plugins)
+        source = open_model_source(args, pm)
+        tokenizer = source.load_tokenizer()
+        model_gen_config = source.generation_config()
+        defaults = resolve_sampling_defaults(
+            args.generation_config, model_gen_config, args.override_generation_config
+        )
+        engine = cls(
+            None,
+            tokenizer,
+            max_model_len=max_model_len,
+            vocab_size=vocab_size,
+            model_name=args.model or "model",
+            sampling_defaults=defaults,
+            eos_token_ids=collect_eos_token_ids(tokenizer, model_gen_config),
+            max_logprobs=args.max_logprobs,
+        )
+        engine._setup_features(args, pm)
         return engine
 
     def _setup_features(self, args: EngineArgs, pm: Any) -> None:

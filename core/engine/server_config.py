@@ -74,6 +74,10 @@ class ServerArgs:
         "with work pending, so an orchestrator restarts the server (0: off).", "server",
     )  # fmt: skip
     log_level: str = arg("info", "debug, info, warning or error.", "server")
+    engine_process: bool = arg(
+        True, "Run the engine core in its own process, so HTTP work and the engine do not "
+        "share one GIL (off: a thread of the server process).", "server",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for name in ("max_request_body_bytes", "max_header_bytes", "max_n"):

@@ -98,11 +98,12 @@ def test_sigterm_under_load_answers_everyone(tiny_model: Path) -> None:
     assert "Shutdown timeout reached" in server.log()
 
 
-def test_wedged_loop_fails_health_then_watchdog_exits_1(tiny_model: Path) -> None:
+@pytest.mark.parametrize("mode", ["--engine-process", "--no-engine-process"])
+def test_wedged_loop_fails_health_then_watchdog_exits_1(tiny_model: Path, mode: str) -> None:
     port = free_port()
     flags = [
         str(tiny_model), "--port", str(port), *SERVER_FLAGS,
-        "--watchdog-timeout", "3", "--health-stall-timeout", "1",
+        "--watchdog-timeout", "3", "--health-stall-timeout", "1", mode,
     ]  # fmt: skip
     server = Server([sys.executable, str(HERE / "wedge_server.py"), *flags], port).start()
     assert server.proc is not None

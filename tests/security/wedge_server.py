@@ -1,5 +1,8 @@
 """``engine serve`` with the real engine, except that a step hangs for good once a request
-whose id starts with ``wedge`` is in flight: ``python wedge_server.py SERVE_FLAGS``."""
+whose id starts with ``wedge`` is in flight: ``python wedge_server.py SERVE_FLAGS``.
+
+The patch is made at import, so the engine process (spawned: it imports this module as
+``__mp_main__``) hangs too, not only an in-process engine thread."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ def wedging_step(self: LLMEngine) -> object:
     return _real_step(self)
 
 
+LLMEngine.step = wedging_step  # type: ignore[method-assign]
+
 if __name__ == "__main__":
-    LLMEngine.step = wedging_step  # type: ignore[method-assign]
     sys.exit(serve_main(sys.argv[1:]))

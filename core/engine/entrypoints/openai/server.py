@@ -159,8 +159,11 @@ def run_server(
     """Start the engine, serve until a signal, drain, shut the engine down."""
     if engine_factory is None:
         from engine.async_llm import AsyncLLM
+        from engine.engine_process import ProcessAsyncLLM
 
-        engine_factory = AsyncLLM.from_args
+        engine_factory = (
+            ProcessAsyncLLM.from_args if server_args.engine_process else AsyncLLM.from_args
+        )
     logger.info("Resolved configuration:\n%s", describe_config(engine_args, server_args))
     # Parser flags are checked before the (slow) engine start; a bad one exits non-zero.
     features = load_chat_features(engine_args, server_args)

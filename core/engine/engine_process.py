@@ -1,0 +1,433 @@
+"""The engine core in its own process, so the HTTP server and the engine do not share a GIL.
+
+    server process                                     engine process (spawned)
+    ProcessAsyncLLM (AsyncLLM's API)
+      generate() ── prepare (tokenize, validate)
+                 ── inbox ─▶ sender thread ── pipe ─▶  LLMEngine: apply adds/aborts,
+                                                       step(), detokenize, stop strings
+      streams ◀─ receiver thread ◀── pipe ── one message per step: the outputs' deltas,
+                 (one event-loop wake-up)               scheduler stats, counters, stats
+
+In one process, the engine thread releases the GIL around every torch call and must win
+it back from the event loop each time; under 256 streams those waits cost more than the
+GPU step. Here each process has its own interpreter and the pipe carries only what changed.
+
+The server process keeps a model-less ``LLMEngine`` for tokenization, chat templates,
+sampling defaults and grammar validation; the engine process builds the full engine from
+the same ``EngineArgs``. A startup error in the engine process is re-raised here as
+``StartupError``; if the process dies later, every request fails with ``EngineDeadError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.async_llm import AsyncLLM, EngineDeadError, _Abort, _Add
+from engine.config import EngineArgs
+from engine.errors import EngineError, QueueFullError, RequestValidationError, StartupError
+from engine.llm_engine import LLMEngine
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.outputs_processing import EngineCounters, IterationStats
+
+logger = logging.getLogger(__name__)
+
+_STARTUP_TIMEOUT_S = 3600.0  # weights of a large model can take a long time to load
+_HEARTBEAT_S = 1.0
+_ERRORS: dict[str, type[Exception]] = {
+    "RequestValidationError": RequestValidationError,
+    "QueueFullError": QueueFullError,
+}
+
+
+# -- what crosses the pipe ------------------------------------------------------------------
+
+
+@dataclass
+class _Delta:
+    """One completion's change in a step (``CompletionOutput`` minus the cumulative part)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[Any] | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+
+
+@dataclass
+class _Update:
+    request_id: str
+    finished: bool
+    deltas: list[_Delta]
+    error: str | None = None
+    num_cached_tokens: int = 0
+    prompt_logprobs: list[Any] | None = None  # sent once, with the first update
+
+
+@dataclass
+class _StepMessage:
+    updates: list[_Update]
+    stats: Any  # SchedulerStats
+    counters: EngineCounters
+    iterations: list[IterationStats] = field(default_factory=list)
+
+
+def _to_update(out: RequestOutput, send_prompt_logprobs: bool) -> _Update:
+    deltas = [
+        _Delta(c.index, c.delta_text, c.delta_token_ids, c.delta_logprobs, c.finish_reason,
+               c.stop_reason)
+        for c in out.outputs
+    ]  # fmt: skip
+    return _Update(
+        out.request_id, out.finished, deltas, out.error, out.num_cached_tokens,
+        out.prompt_logprobs if send_prompt_logprobs else None,
+    )  # fmt: skip
+
+
+# -- the engine process ---------------------------------------------------------------------
+
+
+def engine_process_main(conn: Any, args: EngineArgs, log_level: int) -> None:
+    """Entry point of the engine process: build the engine, then serve the pipe."""
+    logging.basicConfig(
+        level=log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+    )
+    # The server process owns the lifecycle (it drains on SIGTERM / Ctrl-C, then stops this
+    # process through the pipe): a signal sent to the whole process group must not kill
+    # the engine under requests that are still draining.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        engine = LLMEngine.from_args(args)
+    except BaseException as exc:  # noqa: BLE001 - reported to the server process
+        conn.send(("failed", type(exc).__name__, str(exc)))
+        return
+    conn.send(("ready", engine.max_model_len, engine.vocab_size, engine.stats()))
+    try:
+        _EngineLoop(engine, conn).run()
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the server process went away: nothing left to serve
+    finally:
+        conn.close()
+
+
+class _Aborted(Exception):
+    """A request aborted while its grammar compiled (never reached the engine)."""
+
+
+class _EngineLoop:
+    def __init__(self, engine: LLMEngine, conn: Any) -> None:
+        self.engine, self.conn = engine, conn
+        self.iterations: list[IterationStats] = []
+        engine.add_stats_listener(lambda it: self.iterations.append(it))
+        self.compiling: list[tuple[Any, Any]] = []  # (prepared, future) waiting for a grammar
+        self.seen: set[str] = set()  # requests whose prompt logprobs were sent
+        self.last_send = time.monotonic()
+
+    def run(self) -> None:
+        while True:
+            busy = self.engine.has_unfinished_requests()
+            timeout = 0.0 if busy else (0.005 if self.compiling else _HEARTBEAT_S)
+            while self.conn.poll(timeout):
+                msg = self.conn.recv()
+                if msg[0] == "stop":
+                    return
+                self._handle(msg)
+                timeout = 0.0
+            self._add_compiled()
+            outputs: list[RequestOutput] = []
+            if self.engine.has_unfinished_requests():
+                try:
+                    outputs = self.engine.step()
+                except Exception as exc:
+                    logger.exception("engine step failed; failing the requests in flight")
+                    outputs = self.engine.fail_all_requests(f"engine step failed: {exc!r}")
+            if outputs or self.iterations or time.monotonic() - self.last_send > _HEARTBEAT_S:
+                self._send(outputs)
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
+        if msg[0] == "add":
+            prepared = msg[1]
+            structured = prepared.params.structured_outputs
+            if structured is None:
+                self._add(prepared)
+            else:  # compile off this loop; add once the grammar is ready
+                future = self.engine.compile_structured_outputs_async(structured)
+                self.compiling.append((prepared, future))
+        elif msg[0] == "abort":
+            ids = set(msg[1])
+            for prepared, _ in [c for c in self.compiling if c[0].request_id in ids]:
+                self._reply_added(prepared.request_id, _Aborted("aborted before it started"))
+            self.compiling = [c for c in self.compiling if c[0].request_id not in ids]
+            self._send(self.engine.abort_request(msg[1]))
+
+    def _add_compiled(self) -> None:
+        waiting = []
+        for prepared, future in self.compiling:
+            if not future.done():
+                waiting.append((prepared, future))
+            elif future.exception() is not None:
+                self._reply_added(prepared.request_id, future.exception())
+            else:
+                self._add(prepared)
+        self.compiling = waiting
+
+    def _add(self, prepared: Any) -> None:
+        try:
+            self.engine.add_prepared_request(prepared)
+        except Exception as exc:
+            self._reply_added(prepared.request_id, exc)
+            return
+        self._reply_added(prepared.request_id, None)
+
+    def _reply_added(self, request_id: str, exc: BaseException | None) -> None:
+        error = None if exc is None else (type(exc).__name__, str(exc))
+        self.conn.send(("added", request_id, error))
+
+    def _send(self, outputs: list[RequestOutput]) -> None:
+        updates = []
+        for out in outputs:
+            first = out.request_id not in self.seen
+            if first:
+                self.seen.add(out.request_id)
+            if out.finished:
+                self.seen.discard(out.request_id)
+            updates.append(_to_update(out, first))
+        message = _StepMessage(
+            updates, self.engine.stats(), self.engine.counters(), self.iterations
+        )
+        self.iterations = []
+        self.conn.send(("step", message))
+        self.last_send = time.monotonic()
+
+
+# -- the server side ------------------------------------------------------------------------
+
+
+@dataclass
+class _Cumulative:
+    """What the server has of a request: enough to rebuild cumulative outputs."""
+
+    prompt: str | None
+    prompt_token_ids: list[int]
+    texts: dict[int, str] = field(default_factory=dict)
+    token_ids: dict[int, list[int]] = field(default_factory=dict)
+    logprobs: dict[int, list[Any] | None] = field(default_factory=dict)
+    prompt_logprobs: list[Any] | None = None
+
+
+class ProcessAsyncLLM(AsyncLLM):
+    """``AsyncLLM`` whose engine runs in a spawned process (same API for the server)."""
+
+    def __init__(self, args: EngineArgs, start_timeout: float = _STARTUP_TIMEOUT_S) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe(duplex=True)
+        level = logging.getLogger().getEffectiveLevel()
+        self._proc = ctx.Process(
+            target=engine_process_main, args=(child_conn, args, level), name="engine-core"
+        )
+        self._proc.start()
+        child_conn.close()
+        try:
+            max_model_len, vocab_size, stats = self._wait_ready(start_timeout)
+            front = LLMEngine.frontend_from_args(args, max_model_len, vocab_size)
+        except BaseException:
+            self._kill()
+            raise
+        self._max_num_queued_reqs = args.max_num_queued_reqs
+        self._listeners: list[Any] = []
+        self._requests: dict[str, _Cumulative] = {}
+        self._pending_adds: dict[str, Any] = {}
+        super().__init__(front, start=False, initial_stats=stats)
+        self._last_message = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="engine-receiver", daemon=True)
+        self._sender = threading.Thread(target=self._send_loop, name="engine-sender", daemon=True)
+        self._sender.start()
+        self._thread.start()
+
+    @classmethod
+    def from_args(cls, args: EngineArgs) -> ProcessAsyncLLM:
+        return cls(args)
+
+    def _wait_ready(self, timeout: float) -> tuple[int, int, Any]:
+        deadline = time.monotonic() + timeout
+        while not self._conn.poll(1.0):
+            if not self._proc.is_alive():
+                raise StartupError(
+                    f"the engine process exited during startup (exit code {self._proc.exitcode})"
+                )
+            if time.monotonic() > deadline:
+                raise StartupError(f"the engine process did not start within {timeout:g} s")
+        msg = self._conn.recv()
+        if msg[0] == "failed":
+            name, text = msg[1], msg[2]
+            if name in ("StartupError", "ValueError", "TypeError"):
+                raise StartupError(text)
+            raise StartupError(f"the engine failed to start: {name}: {text}")
+        return int(msg[1]), int(msg[2]), msg[3]
+
+    # -- the parts of AsyncLLM that read the engine object ----------------------------------
+
+    def add_stats_listener(self, listener: Any) -> None:
+        self._listeners.append(listener)
+
+    def would_reject(self) -> str | None:
+        if self._max_num_queued_reqs is None:
+            return None
+        with self._stats_lock:
+            num_waiting = self._last_stats.num_waiting
+        num_waiting += self._inbox.qsize()
+        if num_waiting >= self._max_num_queued_reqs:
+            return (
+                f"{num_waiting} requests are waiting, the bound set by --max-num-queued-reqs "
+                f"({self._max_num_queued_reqs})"
+            )
+        return None
+
+    def stalled_for(self) -> float:
+        if not self._streams and self._inbox.empty():
+            return 0.0
+        return max(0.0, time.monotonic() - self._last_message - _HEARTBEAT_S)
+
+    def declare_dead(self, reason: str) -> None:
+        super().declare_dead(reason)
+        self._kill()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        super().shutdown(timeout)
+        self._proc.join(timeout)
+        self._kill()
+
+    def _kill(self) -> None:
+        if self._proc.is_alive():  # it ignores SIGTERM (see engine_process_main)
+            self._proc.kill()
+            self._proc.join(5)
+
+    # -- sender thread: inbox -> pipe ---------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        from engine.async_llm import _STOP
+
+        while True:
+            cmd = self._inbox.get()
+            try:
+                if cmd is _STOP:
+                    self._conn.send(("stop",))
+                    return
+                if isinstance(cmd, _Add):
+                    self._forward_add(cmd)
+                elif isinstance(cmd, _Abort):
+                    # Streams stay until the engine's final (abort) output reaches them.
+                    self._conn.send(("abort", cmd.request_ids))
+            except (OSError, EOFError):
+                return  # the engine process is gone; the receiver reports it
+
+    def _forward_add(self, cmd: _Add) -> None:
+        if not cmd.done.set_running_or_notify_cancel():
+            return  # the caller left while the add waited
+        prepared = cmd.prepared
+        request_id = prepared.request_id
+        if request_id in self._streams:
+            cmd.done.set_exception(
+                RequestValidationError(
+                    f"request id {request_id!r} is already running; use a unique id"
+                )
+            )
+            return
+        self._streams[request_id] = cmd.stream
+        self._requests[request_id] = _Cumulative(prepared.prompt, prepared.prompt_token_ids)
+        self._pending_adds[request_id] = cmd.done
+        self._conn.send(("add", prepared))
+
+    # -- receiver thread: pipe -> streams (AsyncLLM._run calls this as its loop) --------------
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                if self._sender.is_alive() or self._proc.exitcode not in (0, None):
+                    raise EngineDeadError(
+                        f"the engine process exited (exit code {self._proc.exitcode})"
+                    ) from None
+                return  # a requested shutdown
+            self._last_message = time.monotonic()
+            if msg[0] == "step":
+                self._on_step(msg[1])
+            elif msg[0] == "added":
+                self._on_added(msg[1], msg[2])
+
+    def _on_added(self, request_id: str, error: tuple[str, str] | None) -> None:
+        done = self._pending_adds.pop(request_id, None)
+        if done is None:
+            return
+        if error is None:
+            done.set_result(None)
+            return
+        self._streams.pop(request_id, None)
+        self._requests.pop(request_id, None)
+        done.set_exception(_ERRORS.get(error[0], EngineError)(error[1]))
+
+    def _on_step(self, message: _StepMessage) -> None:
+        outputs = [o for o in (self._rebuild(u) for u in message.updates) if o is not None]
+        with self._stats_lock:
+            self._last_stats, self._counters = message.stats, message.counters
+        self._deliver(outputs)
+        for it in message.iterations:
+            for listener in self._listeners:
+                try:
+                    listener(it)
+                except Exception:
+                    logger.exception("stats listener %r failed; continuing", listener)
+
+    def _rebuild(self, update: _Update) -> RequestOutput | None:
+        state = self._requests.get(update.request_id)
+        if state is None:
+            return None  # aborted here already
+        if update.prompt_logprobs is not None:
+            state.prompt_logprobs = update.prompt_logprobs
+        completions = []
+        for d in update.deltas:
+            text = state.texts.get(d.index, "") + d.text
+            ids = state.token_ids.setdefault(d.index, [])
+            ids += d.token_ids
+            state.texts[d.index] = text
+            lps = state.logprobs.get(d.index)
+            if d.logprobs is not None:
+                lps = (lps or []) + d.logprobs
+                state.logprobs[d.index] = lps
+            completions.append(
+                CompletionOutput(
+                    d.index,
+                    text,
+                    ids[:],
+                    d.finish_reason,
+                    d.stop_reason,
+                    lps[:] if lps is not None else None,
+                    d.text,
+                    d.token_ids,
+                    d.logprobs,
+                )  # fmt: skip
+            )
+        if update.finished:
+            del self._requests[update.request_id]
+        return RequestOutput(
+            update.request_id, state.prompt, state.prompt_token_ids, completions,
+            update.finished, state.prompt_logprobs, update.num_cached_tokens, update.error,
+        )  # fmt: skip
+
+    def _check_alive(self) -> None:
+        super()._check_alive()
+        if not self._proc.is_alive():
+            raise EngineDeadError("the engine process is not running")
+
+
+__all__ = ["ProcessAsyncLLM", "engine_process_main"]
