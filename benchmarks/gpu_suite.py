@@ -190,7 +190,6 @@ def main() -> None:
     args = parser.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    parts = set(args.parts.split(","))
     models = out / "models"
     qwen = make_model_dir(models, "qwen3-0.6b", QWEN3_0_6B, args.tokenizer_dir)
     llama = make_model_dir(models, "llama-3.1-8b", LLAMA_8B, args.tokenizer_dir)
@@ -198,17 +197,20 @@ def main() -> None:
     n = str(args.num_prompts)
     results: dict[str, Any] = _Checkpointed(args.summary)
 
-    if "correctness" in parts:
+    def run_correctness() -> None:
         results["correctness"] = part_correctness(out, qwen)
-    if "profile" in parts:
+
+    def run_profile() -> None:
         run(
             [sys.executable, "benchmarks/profile_step.py", "--model", str(qwen), "--out", str(out)],
             out / "profile_step.log",
             600,
         )
-    if "hf" in parts:
+
+    def run_hf() -> None:
         results["hf"] = part_hf(out, qwen)
-    if "w1" in parts:
+
+    def run_w1() -> None:
         results["w1"] = bench(
             out,
             "w1",
@@ -225,7 +227,8 @@ def main() -> None:
                 "256",
             ],
         )
-    if "w2" in parts:
+
+    def run_w2() -> None:
         results["w2"] = bench(
             out,
             "w2",
@@ -246,7 +249,8 @@ def main() -> None:
                 "1",
             ],
         )
-    if "w4" in parts:
+
+    def run_w4() -> None:
         results["w4"] = bench(
             out,
             "w4",
@@ -263,7 +267,8 @@ def main() -> None:
                 "0.6",
             ],
         )
-    if "prefix" in parts:
+
+    def run_prefix() -> None:
         results["prefix"] = bench(
             out,
             "prefix",
@@ -282,7 +287,8 @@ def main() -> None:
                 "400",
             ],
         )
-    if "w3" in parts:
+
+    def run_w3() -> None:
         # The engine in its own process (the default), then in a thread of the server
         # process (--no-engine-process) at concurrency 256 for comparison.
         for mode, extra, concs in (
@@ -307,7 +313,26 @@ def main() -> None:
             finally:
                 server.send_signal(signal.SIGTERM)
                 server.wait(60)
-    if "llama8b" in parts:
+
+    def run_w3quick() -> None:  # the engine-process server at concurrency 256 only
+        server = start_server(out, qwen, 8011)
+        try:
+            profile = GilProfile(out, server.pid)
+            results["w3_c256"] = bench(
+                out,
+                "w3_c256",
+                [
+                    "serve", "--base-url", "http://127.0.0.1:8011/v1", "--num-prompts", n,
+                    "--input-len", "512", "--output-len", "256", "--max-concurrency", "256",
+                    "--num-workers", "4",
+                ],
+            )  # fmt: skip
+            results["w3_gil"] = profile.summary()
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(60)
+
+    def run_llama8b() -> None:
         results["llama8b_w2"] = bench(
             out,
             "llama8b_w2",
@@ -345,10 +370,20 @@ def main() -> None:
             ],
         )
 
-    if "masks" in parts:
+    def run_masks() -> None:
         results["masks"] = part_masks(out, args.tokenizer_dir, run)
-    if "quant" in parts:
+
+    def run_quant() -> None:
         results["quant"] = part_quant(out, qwen, llama, n, bench, run)
+
+    steps = {name: fn for name, fn in locals().items() if name.startswith("run_")}
+    for name in args.parts.split(","):  # in the order given: the most needed first
+        step = steps.get(f"run_{name}")
+        if step is None:
+            if name != "none":
+                print(f"!! unknown part {name!r}; known: {sorted(steps)}", flush=True)
+            continue
+        step()
 
     (out / "suite.json").write_text(json.dumps(results, indent=2, default=str))
     print_table(results)

@@ -64,6 +64,7 @@ def part_quant(
     # batch-1 decode of the 8B shape (weight-bandwidth bound: where 8 and 4 bits pay),
     # then KV capacity, then throughput.
     runs: list[tuple[str, Path, list[str], list[str]]] = [
+        ("q_bf16_llama8b_w2", llama, [], w2),
         ("q_fp8_llama8b_w2", llama, fp8, w2),
         ("q_awq_llama8b_w2", awq_llama, [], w2),
         ("q_fp8_w2", qwen, fp8, w2),
