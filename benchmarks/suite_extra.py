@@ -67,15 +67,15 @@ def part_quant(
         ("q_bf16_llama8b_w2", llama, [], w2),
         ("q_fp8_llama8b_w2", llama, fp8, w2),
         ("q_awq_llama8b_w2", awq_llama, [], w2),
+        ("q_kvfp8_w1", qwen, kvfp8, w1),
         ("q_fp8_w2", qwen, fp8, w2),
         ("q_awq_w2", awq_qwen, [], w2),
-        ("q_kvfp8_w1", qwen, kvfp8, w1),
         ("q_fp8_w1", qwen, fp8, w1),
         ("q_awq_w1", awq_qwen, [], w1),
     ]
     results: dict[str, Any] = {}
     for i, (label, model, flags, workload) in enumerate(runs):
-        if i == 5:  # after the 8B decode runs and the KV capacity run
+        if i == 4:  # after the 8B decode runs and the KV capacity run
             results["kernels"] = _quant_kernels(out, run)
         args = [workload[0], "--model", str(model), *common, *flags, *workload[1:]]
         record = bench(out, label, args)
