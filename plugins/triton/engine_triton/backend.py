@@ -149,7 +149,6 @@ class TritonAttentionBackend(AttentionBackend):
                 HEAD_DIM_P=self.head_dim_p,
                 DOT_PRECISION=precision,
                 FP8=fp8,
-                F16_DOTS=fp8 and query.dtype == torch.bfloat16,
                 num_warps=metadata.num_warps,
             )
         return out.view(num_tokens, cfg.num_heads * cfg.head_dim)

@@ -17,10 +17,6 @@ loads fp8 tiles, converts them exactly to the query dtype and applies the per-te
 outside the dots: ``k_scale`` folds into the softmax scale (``q . (k8 * ks) = (q . k8) *
 ks``) and ``v_scale`` multiplies the normalized output (``sum p * v8 * vs``). Scales are
 read from a device tensor ``[k_scale, v_scale]``, so captured CUDA graphs see updates.
-With bf16 queries both dots run in fp16 (``F16_DOTS``): fp8 tiles and bf16 queries of
-ordinary size are exact in fp16, and the probabilities keep 3 more bits than in bf16 (on
-the H200, bf16 dots over fp8 tiles were off by up to 0.047 against an exact reference in
-the conformance cases; fp16 dots by 0.001).
 """
 
 from __future__ import annotations
@@ -101,7 +97,6 @@ def paged_attention_kernel(
     HEAD_DIM_P: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FP8: tl.constexpr = False,
-    F16_DOTS: tl.constexpr = False,
 ):
     work = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -122,8 +117,6 @@ def paged_attention_kernel(
 
     q_ptrs = q_ptr + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh
     q = tl.load(q_ptrs + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    if F16_DOTS:  # bf16 queries over fp8 tiles: both dots in fp16 (see the module docstring)
-        q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
     q_pos = ctx_len + tok  # absolute position of each row's token
 
     last_tok = tl.minimum((qblock + 1) * BLOCK_Q, q_len) - 1
