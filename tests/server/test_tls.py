@@ -57,7 +57,9 @@ def test_https_serving_with_openai_client(tiny_model: Path, tmp_path: Path) -> N
             api_key="unused",
             http_client=httpx.Client(verify=trust),
         )
-        out = client.completions.create(model="tiny", prompt="hello", max_tokens=4)
+        out = client.completions.create(
+            model="tiny", prompt="hello", max_tokens=4, extra_body={"ignore_eos": True}
+        )
         assert out.usage is not None and out.usage.completion_tokens == 4
         with pytest.raises(httpx.HTTPError):  # plain HTTP on the TLS port gets no response
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
