@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import signal
 import threading
 import time
@@ -81,6 +82,7 @@ def engine_process_main(conn: Any, args: EngineArgs, log_level: int) -> None:
     # the engine under requests that are still draining.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _exit_with_parent()
     try:
         engine = LLMEngine.from_args(args)
     except BaseException as exc:  # noqa: BLE001 - reported to the server process
@@ -93,6 +95,20 @@ def engine_process_main(conn: Any, args: EngineArgs, log_level: int) -> None:
         pass  # the server process went away: nothing left to serve
     finally:
         conn.close()
+
+
+def _exit_with_parent(poll_s: float = 1.0) -> None:
+    """Exit when the server process dies (even SIGKILLed), also while a step is wedged
+    and the pipe is not being read: a daemon thread watches the parent pid."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 class _Aborted(Exception):
