@@ -11,7 +11,7 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.benchmarks.datasets import BenchRequest
@@ -90,6 +90,19 @@ def _classify(event: bytes) -> str:
     return "content" if b'"choices":[' in event else "other"
 
 
+@dataclass(frozen=True)
+class LoadSpec:
+    """What one client (process) sends: its requests, how many at a time, at what rate."""
+
+    base_url: str
+    model: str
+    requests: list[BenchRequest]
+    max_concurrency: int | None
+    request_rate: float
+    api_key: str | None = None
+    seed: int = 0
+
+
 async def run_serving(
     base_url: str,
     model: str,
@@ -105,61 +118,48 @@ async def run_serving(
     ``num_workers`` > 1 splits the requests, the concurrency and the rate over that many
     client processes, so a fast server is not measured through one Python client's limit.
     """
+    spec = LoadSpec(base_url, model, requests, max_concurrency, request_rate, api_key, seed)
     if num_workers > 1:
-        return await asyncio.to_thread(
-            _run_workers, base_url, model, requests, max_concurrency, request_rate, api_key,
-            seed, num_workers,
-        )  # fmt: skip
+        return await asyncio.to_thread(_run_workers, spec, num_workers)
     from tqdm import tqdm
 
     bar = tqdm(total=len(requests), desc="requests")
     t0 = time.monotonic()
-    results = await _run_shard(
-        base_url, model, requests, max_concurrency, request_rate, api_key, seed, bar.update
-    )
+    results = await _run_shard(spec, bar.update)
     elapsed = time.monotonic() - t0
     bar.close()
     return summarize(results, elapsed, max_concurrency, request_rate)
 
 
-async def _run_shard(
-    base_url: str,
-    model: str,
-    requests: list[BenchRequest],
-    max_concurrency: int | None,
-    request_rate: float,
-    api_key: str | None,
-    seed: int,
-    on_done: Any,
-) -> list[RequestResult]:
+async def _run_shard(spec: LoadSpec, on_done: Any) -> list[RequestResult]:
     import httpx
 
-    url = base_url.rstrip("/") + "/completions"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limit = asyncio.Semaphore(max_concurrency or len(requests) or 1)
-    rng = random.Random(seed)
+    url = spec.base_url.rstrip("/") + "/completions"
+    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+    width = spec.max_concurrency or len(spec.requests) or 1
+    limit = asyncio.Semaphore(width)
+    rng = random.Random(spec.seed)
     timeout = httpx.Timeout(None, connect=30.0)
-    limits = httpx.Limits(max_connections=max_concurrency or len(requests) or 1)
+    limits = httpx.Limits(max_connections=width)
 
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
 
         async def guarded(req: BenchRequest) -> RequestResult:
             async with limit:
-                res = await _one(client, url, model, req, headers)
+                res = await _one(client, url, spec.model, req, headers)
             on_done(1)
             return res
 
         tasks = []
-        for req in requests:
+        for req in spec.requests:
             tasks.append(asyncio.create_task(guarded(req)))
-            if request_rate != float("inf"):
-                await asyncio.sleep(rng.expovariate(request_rate))
+            if spec.request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(spec.request_rate))
         return list(await asyncio.gather(*tasks))
 
 
-def _worker(args: tuple[Any, ...]) -> tuple[float, float, list[RequestResult]]:
+def _worker(spec: LoadSpec, start_at: float) -> tuple[float, float, list[RequestResult]]:
     """One client process: its shard of the requests, started at the shared instant."""
-    *shard_args, start_at = args
     while time.monotonic() < start_at:
         time.sleep(0.001)
 
@@ -168,42 +168,38 @@ def _worker(args: tuple[Any, ...]) -> tuple[float, float, list[RequestResult]]:
             _COUNTER.value += n
 
     t0 = time.monotonic()
-    results = asyncio.run(_run_shard(*shard_args, done))
+    results = asyncio.run(_run_shard(spec, done))
     return t0, time.monotonic(), results
 
 
-def _run_workers(
-    base_url: str,
-    model: str,
-    requests: list[BenchRequest],
-    max_concurrency: int | None,
-    request_rate: float,
-    api_key: str | None,
-    seed: int,
-    num_workers: int,
-) -> dict[str, Any]:
+def _run_workers(spec: LoadSpec, num_workers: int) -> dict[str, Any]:
     import concurrent.futures
     import multiprocessing
 
     from tqdm import tqdm
 
-    num_workers = max(1, min(num_workers, len(requests)))
+    num_workers = max(1, min(num_workers, len(spec.requests)))
     ctx = multiprocessing.get_context("spawn")
     counter = ctx.Value("i", 0)
     start_at = time.monotonic() + 3.0  # time for the spawned workers to import
-    jobs = []
-    for w in range(num_workers):
-        conc = None
-        if max_concurrency is not None:
-            conc = max(1, max_concurrency // num_workers + (w < max_concurrency % num_workers))
-        shard = requests[w::num_workers]
-        rate = request_rate / num_workers
-        jobs.append((base_url, model, shard, conc, rate, api_key, seed + w, start_at))
-    bar = tqdm(total=len(requests), desc="requests")
+    conc = spec.max_concurrency
+    shards = [
+        replace(
+            spec,
+            requests=spec.requests[w::num_workers],
+            max_concurrency=None if conc is None else max(
+                1, conc // num_workers + (w < conc % num_workers)
+            ),
+            request_rate=spec.request_rate / num_workers,
+            seed=spec.seed + w,
+        )
+        for w in range(num_workers)
+    ]  # fmt: skip
+    bar = tqdm(total=len(spec.requests), desc="requests")
     with concurrent.futures.ProcessPoolExecutor(
         num_workers, mp_context=ctx, initializer=_init_worker, initargs=(counter,)
     ) as pool:
-        futures = [pool.submit(_worker, job) for job in jobs]
+        futures = [pool.submit(_worker, shard, start_at) for shard in shards]
         while not all(f.done() for f in futures):
             bar.n = counter.value
             bar.refresh()
@@ -213,7 +209,7 @@ def _run_workers(
     bar.close()
     results = [r for _, _, rs in outs for r in rs]
     elapsed = max(end for _, end, _ in outs) - min(begin for begin, _, _ in outs)
-    summary = summarize(results, elapsed, max_concurrency, request_rate)
+    summary = summarize(results, elapsed, spec.max_concurrency, spec.request_rate)
     summary["num_client_workers"] = num_workers
     return summary
 
