@@ -5,18 +5,16 @@ idle checks on ``/load``."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from engine_sdk.testing.server import ServerProcess
+from engine_sdk.testing.server import free_port as free_port  # re-exported for the suite
 
 API_KEY = "sec-key-456"
 STARTUP_TIMEOUT_S = 120.0
@@ -30,64 +28,13 @@ SERVER_FLAGS = [
 ]  # fmt: skip
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
-class Server:
-    cmd: list[str]
-    port: int
+class Server(ServerProcess):
+    """The SDK's server subprocess with the suite's key, given through ENGINE_API_KEY."""
+
     api_key: str | None = API_KEY
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[str] | None = None
-    log_path: Path | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-    def start(self) -> Server:
-        fd, name = tempfile.mkstemp(prefix="engine-sec-", suffix=".log")
-        self.log_path = Path(name)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        if self.api_key:
-            env["ENGINE_API_KEY"] = self.api_key
-        else:
-            env.pop("ENGINE_API_KEY", None)
-        self.proc = subprocess.Popen(self.cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
-        os.close(fd)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"server not healthy in {STARTUP_TIMEOUT_S}s:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path else ""
-
-    def stop(self, timeout: float = 30.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+    key_in_env: bool = True
+    startup_timeout_s: float = STARTUP_TIMEOUT_S
 
 
 def serve_cmd(model: Path, port: int, *extra: str) -> list[str]:

@@ -10,30 +10,19 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
-import socket
-import ssl
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
+from engine_sdk.testing.server import ServerProcess as SdkServerProcess
+from engine_sdk.testing.server import free_port
 
 HERE = Path(__file__).parent
 API_KEY = "test-key-123"
 STARTUP_TIMEOUT_S = 90.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def engine_cli() -> list[str]:
@@ -41,60 +30,12 @@ def engine_cli() -> list[str]:
 
 
 @dataclass
-class ServerProcess:
-    cmd: list[str]
-    port: int
-    api_key: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[str] | None = None
-    real: bool = False
-    log_path: Path | None = None
-    scheme: str = "http"
-    verify: ssl.SSLContext | bool = True  # trusts the certificate of an https server
+class ServerProcess(SdkServerProcess):
+    """The SDK's server subprocess, run from this folder (``fake_server.py``), the key
+    passed by ``--config`` rather than the environment."""
 
-    @property
-    def base_url(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.port}"
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-    def start(self) -> ServerProcess:
-        fd, name = tempfile.mkstemp(prefix="engine-serve-", suffix=".log")
-        self.log_path = Path(name)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        env.pop("ENGINE_API_KEY", None)
-        self.proc = subprocess.Popen(
-            self.cmd, stdout=fd, stderr=subprocess.STDOUT, text=True, env=env, cwd=HERE
-        )
-        os.close(fd)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                health = httpx.get(self.base_url + "/health", timeout=1, verify=self.verify)
-                if health.status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"server did not become healthy in {STARTUP_TIMEOUT_S}s:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path else ""
-
-    def stop(self, timeout: float = 30.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+    startup_timeout_s: float = STARTUP_TIMEOUT_S
+    cwd: Path | None = HERE
 
 
 def real_engine_available() -> bool:
@@ -133,7 +74,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """The real engine behind ``engine serve`` (tiny model), with an API key from --config.
 
     Until ``engine.async_llm`` exists this falls back to the stand-in engine so the HTTP
-    layer stays tested; ``server.real`` says which one runs.
+    layer stays tested.
     """
     from engine_sdk.testing.models import build_tiny_model, build_tiny_tokenizer
 
@@ -150,7 +91,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     fake_config = json.dumps({"max_queued": 64, "max_running": 8})
     proc = ServerProcess(cmd, port, api_key=API_KEY, env={"FAKE_ENGINE_CONFIG": fake_config})
     proc.cmd += ["--config", str(_write_config(model.parent, {"api-key": API_KEY}))]
-    proc.real = real_engine_available()
     proc.start()
     yield proc
     proc.stop()
