@@ -15,6 +15,7 @@ from typing import Any
 from engine.core.outputs import SchedulerStats
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.tokenization import apply_chat_template
 
 
 class ScriptedAsyncLLM:
@@ -40,16 +41,10 @@ class ScriptedAsyncLLM:
         chat_template: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        return str(
-            self.tokenizer.apply_chat_template(
-                messages,
-                tools=tools,
-                add_generation_prompt=add_generation_prompt,
-                chat_template=chat_template,
-                tokenize=False,
-                **(chat_template_kwargs or {}),
-            )
-        )
+        return apply_chat_template(  # the engine's own rendering (and its checks)
+            self.tokenizer, messages, tools, add_generation_prompt, chat_template,
+            chat_template_kwargs,
+        )  # fmt: skip
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats(

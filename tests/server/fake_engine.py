@@ -21,6 +21,7 @@ from engine.core.scheduler_output import Logprobs
 from engine.errors import QueueFullError
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.tokenization import apply_chat_template
 
 
 @dataclass
@@ -57,16 +58,10 @@ class FakeAsyncLLM:
         chat_template: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        return str(
-            self.tokenizer.apply_chat_template(
-                messages,
-                tools=tools,
-                add_generation_prompt=add_generation_prompt,
-                chat_template=chat_template,
-                tokenize=False,
-                **(chat_template_kwargs or {}),
-            )
-        )
+        return apply_chat_template(  # the engine's own rendering (and its checks)
+            self.tokenizer, messages, tools, add_generation_prompt, chat_template,
+            chat_template_kwargs,
+        )  # fmt: skip
 
     def stats(self) -> SchedulerStats:
         used = sum(self._running.values())
