@@ -289,7 +289,20 @@ class ProcessAsyncLLM(AsyncLLM):
 
     def declare_dead(self, reason: str) -> None:
         super().declare_dead(reason)
+        self._fail_pending_adds(EngineDeadError(reason))
         self._kill()
+
+    def _run(self) -> None:
+        super()._run()  # fails the streams and the adds still in the inbox
+        self._fail_pending_adds(self.dead_error or EngineDeadError("the engine process stopped"))
+
+    def _fail_pending_adds(self, error: EngineDeadError) -> None:
+        """Adds forwarded to the engine process and never answered (it died or is wedged):
+        their callers still wait for the answer, so give them the error."""
+        for request_id in list(self._pending_adds):
+            done = self._pending_adds.pop(request_id, None)
+            if done is not None:
+                self._fail_add(done, error)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         super().shutdown(timeout)

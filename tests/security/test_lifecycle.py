@@ -146,7 +146,7 @@ def test_wedged_loop_fails_health_then_watchdog_exits_1(tiny_model: Path, mode: 
     assert "watchdog: the engine loop made no progress" in log, log[-3000:]
     assert results["wedged"][0] == 503, results  # failed by the watchdog, not left hanging
     status, events = results["bystander"]
-    assert status in (200, 503, "transport"), results
+    assert status in (200, 503, "transport"), (results, log[-4000:])
     if status == 200:  # finished before the wedge, or failed mid-stream by the watchdog
         assert events[-1] == "[DONE]", events
 
