@@ -259,7 +259,7 @@ class ProcessAsyncLLM(AsyncLLM):
         msg = self._conn.recv()
         if msg[0] == "failed":
             name, text = msg[1], msg[2]
-            if name in ("StartupError", "ValueError", "TypeError"):
+            if name in ("StartupError", "PluginError", "ValueError", "TypeError"):
                 raise StartupError(text)
             raise StartupError(f"the engine failed to start: {name}: {text}")
         return int(msg[1]), int(msg[2]), msg[3]
