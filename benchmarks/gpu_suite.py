@@ -288,13 +288,8 @@ def main() -> None:
             ],
         )
 
-    def run_w3() -> None:
-        # The engine in its own process (the default), then in a thread of the server
-        # process (--no-engine-process) at concurrency 256 for comparison.
-        for mode, extra, concs in (
-            ("", (), (256, 16)),
-            ("_thread", ("--no-engine-process",), (256,)),
-        ):
+    def serve_w3(modes: tuple[tuple[str, tuple[str, ...], tuple[int, ...]], ...]) -> None:
+        for mode, extra, concs in modes:
             server = start_server(out, qwen, 8011, extra, f"server{mode}.log")
             try:
                 for conc in concs:
@@ -314,23 +309,13 @@ def main() -> None:
                 server.send_signal(signal.SIGTERM)
                 server.wait(60)
 
+    def run_w3() -> None:
+        # The engine in its own process (the default), then in a thread of the server
+        # process (--no-engine-process) at concurrency 256 for comparison.
+        serve_w3((("", (), (256, 16)), ("_thread", ("--no-engine-process",), (256,))))
+
     def run_w3quick() -> None:  # the engine-process server at concurrency 256 only
-        server = start_server(out, qwen, 8011)
-        try:
-            profile = GilProfile(out, server.pid)
-            results["w3_c256"] = bench(
-                out,
-                "w3_c256",
-                [
-                    "serve", "--base-url", "http://127.0.0.1:8011/v1", "--num-prompts", n,
-                    "--input-len", "512", "--output-len", "256", "--max-concurrency", "256",
-                    "--num-workers", "4",
-                ],
-            )  # fmt: skip
-            results["w3_gil"] = profile.summary()
-        finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(60)
+        serve_w3((("", (), (256,)),))
 
     def run_llama8b() -> None:
         results["llama8b_w2"] = bench(

@@ -50,7 +50,7 @@ MESSAGES: list[Any] = [{"role": "user", "content": "Hello"}]
 
 
 def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
 
 
 @pytest.mark.parametrize("seed", [1, 2])
