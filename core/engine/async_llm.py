@@ -173,8 +173,7 @@ class AsyncLLM:
         A pre-check for the server to refuse before tokenizing: the scheduler still enforces
         both bounds exactly when the request is added.
         """
-        scheduler = getattr(self.engine.engine_core, "scheduler", None)
-        max_reqs = getattr(getattr(scheduler, "config", None), "max_num_queued_reqs", None)
+        max_reqs = self._max_num_queued_reqs()
         if max_reqs is None:
             return None
         with self._stats_lock:
@@ -186,6 +185,11 @@ class AsyncLLM:
                 f"({max_reqs})"
             )
         return None
+
+    def _max_num_queued_reqs(self) -> int | None:
+        scheduler = getattr(self.engine.engine_core, "scheduler", None)
+        bound: int | None = getattr(getattr(scheduler, "config", None), "max_num_queued_reqs", None)
+        return bound
 
     def declare_dead(self, reason: str) -> None:
         """Fail every request in flight with ``EngineDeadError`` from outside the engine
@@ -323,9 +327,11 @@ class AsyncLLM:
                 for request_id in cmd.request_ids:
                     self._streams.pop(request_id, None)
 
-    def _apply_add(self, cmd: _Add) -> None:
+    def _claim_add(self, cmd: _Add) -> bool:
+        """Whether an add from the inbox should go ahead: False if its caller was cancelled
+        while it waited, or (failing its future) if the request id is already running."""
         if not cmd.done.set_running_or_notify_cancel():
-            return  # the caller was cancelled while the add waited in the inbox
+            return False
         request_id = cmd.prepared.request_id
         if request_id in self._streams:
             cmd.done.set_exception(
@@ -333,7 +339,13 @@ class AsyncLLM:
                     f"request id {request_id!r} is already running; use a unique id"
                 )
             )
+            return False
+        return True
+
+    def _apply_add(self, cmd: _Add) -> None:
+        if not self._claim_add(cmd):
             return
+        request_id = cmd.prepared.request_id
         try:
             self.engine.add_prepared_request(cmd.prepared)
         except Exception as exc:

@@ -35,6 +35,7 @@ from engine.errors import EngineError, QueueFullError, RequestValidationError, S
 from engine.llm_engine import LLMEngine
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.outputs_processing import EngineCounters, IterationStats
+from engine.parent_watch import exit_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def _to_update(out: RequestOutput, send_prompt_logprobs: bool) -> _Update:
 # -- the engine process ---------------------------------------------------------------------
 
 
-def engine_process_main(conn: Any, args: EngineArgs, log_level: int) -> None:
+def engine_process_main(conn: Any, args: EngineArgs, log_level: int, parent_pid: int) -> None:
     """Entry point of the engine process: build the engine, then serve the pipe."""
     logging.basicConfig(
         level=log_level,
@@ -82,7 +83,7 @@ def engine_process_main(conn: Any, args: EngineArgs, log_level: int) -> None:
     # the engine under requests that are still draining.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _exit_with_parent()
+    exit_with_parent(parent_pid, "parent-watch")
     try:
         engine = LLMEngine.from_args(args)
     except BaseException as exc:  # noqa: BLE001 - reported to the server process
@@ -95,20 +96,6 @@ def engine_process_main(conn: Any, args: EngineArgs, log_level: int) -> None:
         pass  # the server process went away: nothing left to serve
     finally:
         conn.close()
-
-
-def _exit_with_parent(poll_s: float = 1.0) -> None:
-    """Exit when the server process dies (even SIGKILLed), also while a step is wedged
-    and the pipe is not being read: a daemon thread watches the parent pid."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(poll_s)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 class _Aborted(Exception):
@@ -222,7 +209,9 @@ class ProcessAsyncLLM(AsyncLLM):
         self._conn, child_conn = ctx.Pipe(duplex=True)
         level = logging.getLogger().getEffectiveLevel()
         self._proc = ctx.Process(
-            target=engine_process_main, args=(child_conn, args, level), name="engine-core"
+            target=engine_process_main,
+            args=(child_conn, args, level, os.getpid()),
+            name="engine-core",
         )
         self._proc.start()
         child_conn.close()
@@ -232,7 +221,7 @@ class ProcessAsyncLLM(AsyncLLM):
         except BaseException:
             self._kill()
             raise
-        self._max_num_queued_reqs = args.max_num_queued_reqs
+        self._queued_reqs_bound = args.max_num_queued_reqs
         self._listeners: list[Any] = []
         self._requests: dict[str, _Cumulative] = {}
         self._pending_adds: dict[str, Any] = {}
@@ -269,18 +258,8 @@ class ProcessAsyncLLM(AsyncLLM):
     def add_stats_listener(self, listener: Any) -> None:
         self._listeners.append(listener)
 
-    def would_reject(self) -> str | None:
-        if self._max_num_queued_reqs is None:
-            return None
-        with self._stats_lock:
-            num_waiting = self._last_stats.num_waiting
-        num_waiting += self._inbox.qsize()
-        if num_waiting >= self._max_num_queued_reqs:
-            return (
-                f"{num_waiting} requests are waiting, the bound set by --max-num-queued-reqs "
-                f"({self._max_num_queued_reqs})"
-            )
-        return None
+    def _max_num_queued_reqs(self) -> int | None:
+        return self._queued_reqs_bound
 
     def stalled_for(self) -> float:
         if not self._streams and self._inbox.empty():
@@ -334,17 +313,10 @@ class ProcessAsyncLLM(AsyncLLM):
                 return  # the engine process is gone; the receiver reports it
 
     def _forward_add(self, cmd: _Add) -> None:
-        if not cmd.done.set_running_or_notify_cancel():
-            return  # the caller left while the add waited
+        if not self._claim_add(cmd):
+            return
         prepared = cmd.prepared
         request_id = prepared.request_id
-        if request_id in self._streams:
-            cmd.done.set_exception(
-                RequestValidationError(
-                    f"request id {request_id!r} is already running; use a unique id"
-                )
-            )
-            return
         self._streams[request_id] = cmd.stream
         self._requests[request_id] = _Cumulative(prepared.prompt, prepared.prompt_token_ids)
         self._pending_adds[request_id] = cmd.done

@@ -79,11 +79,6 @@ class LLMEngine:
         pm = PluginManager.load(requested=args.plugins)
         source = open_model_source(args, pm)
         runner = _make_runner(args, pm, source)
-        tokenizer = source.load_tokenizer()
-        model_gen_config = source.generation_config()
-        defaults = resolve_sampling_defaults(
-            args.generation_config, model_gen_config, args.override_generation_config
-        )
         scheduler_config = SchedulerConfig.from_engine_args(args, runner.max_model_len)
         kv_cache_config = KVCacheConfig(
             num_blocks=runner.num_blocks,
@@ -92,17 +87,7 @@ class LLMEngine:
             hash_algo=args.prefix_caching_hash_algo,
         )
         core = EngineCore(Scheduler(scheduler_config, kv_cache_config), runner)
-        engine = cls(
-            core,
-            tokenizer,
-            max_model_len=runner.max_model_len,
-            vocab_size=runner.vocab_size,
-            model_name=args.model,
-            sampling_defaults=defaults,
-            eos_token_ids=collect_eos_token_ids(tokenizer, model_gen_config),
-            max_logprobs=args.max_logprobs,
-        )
-        engine._setup_features(args, pm)
+        engine = cls._assemble(args, pm, source, core, runner.max_model_len, runner.vocab_size)
         engine._log_config(args, scheduler_config, kv_cache_config)
         # Startup objects (weights' Python wrappers, tokenizer tables) live for the whole
         # run: move them out of the collector's generations so full collections during
@@ -122,13 +107,22 @@ class LLMEngine:
 
         pm = PluginManager.load(requested=args.plugins)
         source = open_model_source(args, pm)
+        return cls._assemble(args, pm, source, None, max_model_len, vocab_size)
+
+    @classmethod
+    def _assemble(
+        cls, args: EngineArgs, pm: Any, source: Any, core: EngineCore | None,
+        max_model_len: int, vocab_size: int,
+    ) -> LLMEngine:  # fmt: skip
+        """The engine around ``core`` (None: a front end): tokenizer, generation-config
+        sampling defaults, EOS ids, structured outputs and the reasoning parser."""
         tokenizer = source.load_tokenizer()
         model_gen_config = source.generation_config()
         defaults = resolve_sampling_defaults(
             args.generation_config, model_gen_config, args.override_generation_config
         )
         engine = cls(
-            None,
+            core,
             tokenizer,
             max_model_len=max_model_len,
             vocab_size=vocab_size,

@@ -17,27 +17,14 @@ import json
 import os
 import signal
 import sys
-import threading
-import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
 from engine.executor.step_codec import StepDecoder, dumps, loads, runner_output_to_dict
+from engine.parent_watch import exit_with_parent
 
 __all__ = ["run_worker"]
-
-_WATCHDOG_INTERVAL_S = 1.0
-
-
-def _watch_parent(parent_pid: int) -> None:
-    def watch() -> None:
-        while True:
-            time.sleep(_WATCHDOG_INTERVAL_S)
-            if os.getppid() != parent_pid:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="engine-parent-watchdog", daemon=True).start()
 
 
 def _report(conn: Connection, rank: int, exc: BaseException, started: bool) -> None:
@@ -80,7 +67,7 @@ def run_worker(
     """Process target (spawned): runs until shutdown; exit code 1 after reporting an error."""
     os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast: off on every machine we run
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _watch_parent(parent_pid)
+    exit_with_parent(parent_pid, "engine-parent-watchdog")
     worker: Any = None
     try:
         from engine.config import EngineArgs
