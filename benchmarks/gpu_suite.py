@@ -317,6 +317,14 @@ def main() -> None:
     def run_w3quick() -> None:  # the engine-process server at concurrency 256 only
         serve_w3((("", (), (256,)),))
 
+    def run_w3multi() -> None:  # several API server processes over one engine process
+        serve_w3(
+            (
+                ("_api2", ("--api-server-count", "2"), (256, 16)),
+                ("_api4", ("--api-server-count", "4"), (256,)),
+            )
+        )
+
     def run_llama8b() -> None:
         results["llama8b_w2"] = bench(
             out,
@@ -425,6 +433,9 @@ def print_table(results: dict[str, Any]) -> None:
         ("w3_c256", "c=256"),
         ("w3_c16", "c=16"),
         ("w3_thread_c256", "c=256 thread"),
+        ("w3_api2_c256", "c=256 2 API servers"),
+        ("w3_api2_c16", "c=16 2 API servers"),
+        ("w3_api4_c256", "c=256 4 API servers"),
     ):
         r = results.get(key)
         if r:

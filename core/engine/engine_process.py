@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import threading
@@ -71,8 +72,10 @@ def _to_update(out: RequestOutput, send_prompt_logprobs: bool) -> _Update:
 # -- the engine process ---------------------------------------------------------------------
 
 
-def engine_process_main(conn: Any, args: EngineArgs, log_level: int, parent_pid: int) -> None:
-    """Entry point of the engine process: build the engine, then serve the pipe."""
+def engine_process_main(conns: Any, args: EngineArgs, log_level: int, parent_pid: int) -> None:
+    """Entry point of the engine process: build the engine, then serve its clients' pipes
+    (one per API server process; a single connection is one client)."""
+    clients = list(conns) if isinstance(conns, (list, tuple)) else [conns]
     logging.basicConfig(
         level=log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -87,15 +90,25 @@ def engine_process_main(conn: Any, args: EngineArgs, log_level: int, parent_pid:
     try:
         engine = LLMEngine.from_args(args)
     except BaseException as exc:  # noqa: BLE001 - reported to the server process
-        conn.send(("failed", type(exc).__name__, str(exc)))
+        for conn in clients:
+            _post(conn, ("failed", type(exc).__name__, str(exc)))
         return
-    conn.send(("ready", engine.max_model_len, engine.vocab_size, engine.stats()))
+    for conn in clients:
+        _post(conn, ("ready", engine.max_model_len, engine.vocab_size, engine.stats()))
     try:
-        _EngineLoop(engine, conn).run()
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        pass  # the server process went away: nothing left to serve
+        _EngineLoop(engine, clients).run()
     finally:
-        conn.close()
+        for conn in clients:
+            conn.close()
+
+
+def _post(conn: Any, msg: tuple[Any, ...]) -> bool:
+    """Send to one client; False when it is gone (the caller drops it)."""
+    try:
+        conn.send(msg)
+    except (OSError, EOFError):
+        return False
+    return True
 
 
 class _Aborted(Exception):
@@ -103,8 +116,17 @@ class _Aborted(Exception):
 
 
 class _EngineLoop:
-    def __init__(self, engine: LLMEngine, conn: Any) -> None:
-        self.engine, self.conn = engine, conn
+    """Apply the clients' adds and aborts, step, send each client its requests' updates.
+
+    Every client gets every step's scheduler stats, counters and iteration stats (so each
+    API server's /metrics describes the whole engine), but only its own requests' updates.
+    A client that sends "stop" or goes away is dropped and its requests are aborted; the
+    loop ends when no client is left.
+    """
+
+    def __init__(self, engine: LLMEngine, clients: list[Any]) -> None:
+        self.engine, self.clients = engine, list(clients)
+        self.owner: dict[str, Any] = {}  # request id -> the client that added it
         self.iterations: list[IterationStats] = []
         engine.add_stats_listener(lambda it: self.iterations.append(it))
         self.compiling: list[tuple[Any, Any]] = []  # (prepared, future) waiting for a grammar
@@ -112,15 +134,18 @@ class _EngineLoop:
         self.last_send = time.monotonic()
 
     def run(self) -> None:
-        while True:
+        while self.clients:
             busy = self.engine.has_unfinished_requests()
             timeout = 0.0 if busy else (0.005 if self.compiling else _HEARTBEAT_S)
-            while self.conn.poll(timeout):
-                msg = self.conn.recv()
-                if msg[0] == "stop":
-                    return
-                self._handle(msg)
+            while self.clients:
+                ready = multiprocessing.connection.wait(self.clients, timeout)
+                if not ready:
+                    break
+                for conn in ready:
+                    self._receive(conn)
                 timeout = 0.0
+            if not self.clients:
+                return
             self._add_compiled()
             outputs: list[RequestOutput] = []
             if self.engine.has_unfinished_requests():
@@ -132,9 +157,43 @@ class _EngineLoop:
             if outputs or self.iterations or time.monotonic() - self.last_send > _HEARTBEAT_S:
                 self._send(outputs)
 
-    def _handle(self, msg: tuple[Any, ...]) -> None:
+    def _receive(self, conn: Any) -> None:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            self._drop(conn)  # its server process died
+            return
+        if msg[0] == "stop":
+            self._drop(conn)
+        else:
+            self._handle(conn, msg)
+
+    def _drop(self, conn: Any) -> None:
+        """Forget a client: abort what it still had running (nobody will read it)."""
+        if conn not in self.clients:
+            return
+        self.clients.remove(conn)
+        mine = [rid for rid, owner in self.owner.items() if owner is conn]
+        gone = set(mine)
+        self.compiling = [c for c in self.compiling if c[0].request_id not in gone]
+        if mine:
+            self.engine.abort_request(mine)
+            for rid in mine:
+                self.owner.pop(rid, None)
+                self.seen.discard(rid)
+        conn.close()
+
+    def _handle(self, conn: Any, msg: tuple[Any, ...]) -> None:
         if msg[0] == "add":
             prepared = msg[1]
+            request_id = prepared.request_id
+            if request_id in self.owner:  # another API server runs this id
+                error = RequestValidationError(
+                    f"request id {request_id!r} is already running; use a unique id"
+                )
+                self._reply_added(conn, request_id, error)
+                return
+            self.owner[request_id] = conn
             structured = prepared.params.structured_outputs
             if structured is None:
                 self._add(prepared)
@@ -142,11 +201,12 @@ class _EngineLoop:
                 future = self.engine.compile_structured_outputs_async(structured)
                 self.compiling.append((prepared, future))
         elif msg[0] == "abort":
-            ids = set(msg[1])
+            ids = {rid for rid in msg[1] if self.owner.get(rid) is conn}
             for prepared, _ in [c for c in self.compiling if c[0].request_id in ids]:
-                self._reply_added(prepared.request_id, _Aborted("aborted before it started"))
+                self._reply_added(conn, prepared.request_id, _Aborted("aborted before it started"))
+                del self.owner[prepared.request_id]
             self.compiling = [c for c in self.compiling if c[0].request_id not in ids]
-            self._send(self.engine.abort_request(msg[1]))
+            self._send(self.engine.abort_request([rid for rid in msg[1] if rid in ids]))
 
     def _add_compiled(self) -> None:
         waiting = []
@@ -154,34 +214,48 @@ class _EngineLoop:
             if not future.done():
                 waiting.append((prepared, future))
             elif future.exception() is not None:
-                self._reply_added(prepared.request_id, future.exception())
+                self._fail_add(prepared.request_id, future.exception())
             else:
                 self._add(prepared)
         self.compiling = waiting
 
     def _add(self, prepared: Any) -> None:
+        if prepared.request_id not in self.owner:
+            return  # its client went away while the grammar compiled
         try:
             self.engine.add_prepared_request(prepared)
         except Exception as exc:
-            self._reply_added(prepared.request_id, exc)
+            self._fail_add(prepared.request_id, exc)
             return
-        self._reply_added(prepared.request_id, None)
+        self._reply_added(self.owner[prepared.request_id], prepared.request_id, None)
 
-    def _reply_added(self, request_id: str, exc: BaseException | None) -> None:
+    def _fail_add(self, request_id: str, exc: BaseException | None) -> None:
+        conn = self.owner.pop(request_id, None)
+        if conn is not None:
+            self._reply_added(conn, request_id, exc)
+
+    def _reply_added(self, conn: Any, request_id: str, exc: BaseException | None) -> None:
         error = None if exc is None else (type(exc).__name__, str(exc))
-        self.conn.send(("added", request_id, error))
+        if not _post(conn, ("added", request_id, error)):
+            self._drop(conn)
 
     def _send(self, outputs: list[RequestOutput]) -> None:
-        updates = []
+        updates: dict[Any, list[_Update]] = {conn: [] for conn in self.clients}
         for out in outputs:
-            first = out.request_id not in self.seen
+            request_id = out.request_id
+            first = request_id not in self.seen
             if first:
-                self.seen.add(out.request_id)
+                self.seen.add(request_id)
+            conn = self.owner.get(request_id)
             if out.finished:
-                self.seen.discard(out.request_id)
-            updates.append(_to_update(out, first))
+                self.seen.discard(request_id)
+                self.owner.pop(request_id, None)
+            if conn in updates:
+                updates[conn].append(_to_update(out, first))
         stats, counters = self.engine.stats(), self.engine.counters()
-        self.conn.send(("step", updates, stats, counters, self.iterations))
+        for conn, mine in updates.items():
+            if not _post(conn, ("step", mine, stats, counters, self.iterations)):
+                self._drop(conn)
         self.iterations = []
         self.last_send = time.monotonic()
 
@@ -201,31 +275,83 @@ class _Cumulative:
     prompt_logprobs: list[Any] | None = None
 
 
-class ProcessAsyncLLM(AsyncLLM):
-    """``AsyncLLM`` whose engine runs in a spawned process (same API for the server)."""
+@dataclass(frozen=True)
+class EngineReady:
+    """What a started engine process reports, which each front end needs."""
 
-    def __init__(self, args: EngineArgs, start_timeout: float = _STARTUP_TIMEOUT_S) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child_conn = ctx.Pipe(duplex=True)
-        level = logging.getLogger().getEffectiveLevel()
-        self._proc = ctx.Process(
-            target=engine_process_main,
-            args=(child_conn, args, level, os.getpid()),
-            name="engine-core",
-        )
-        self._proc.start()
-        child_conn.close()
-        try:
-            max_model_len, vocab_size, stats = self._wait_ready(start_timeout)
-            front = LLMEngine.frontend_from_args(args, max_model_len, vocab_size)
-        except BaseException:
-            self._kill()
-            raise
+    max_model_len: int
+    vocab_size: int
+    stats: Any
+
+
+def start_engine_process(
+    args: EngineArgs, num_clients: int = 1, start_timeout: float = _STARTUP_TIMEOUT_S
+) -> tuple[Any, list[Any], EngineReady]:
+    """Spawn the engine process with one pipe per client (API server process) and wait
+    until it has loaded the model: ``(process, client connections, EngineReady)``.
+
+    A startup failure raises ``StartupError`` (and the process is gone)."""
+    ctx = multiprocessing.get_context("spawn")
+    pairs = [ctx.Pipe(duplex=True) for _ in range(num_clients)]
+    level = logging.getLogger().getEffectiveLevel()
+    proc = ctx.Process(
+        target=engine_process_main,
+        args=([child for _, child in pairs], args, level, os.getpid()),
+        name="engine-core",
+    )
+    proc.start()
+    for _, child in pairs:
+        child.close()
+    conns = [conn for conn, _ in pairs]
+    try:
+        deadline = time.monotonic() + start_timeout
+        readies = [_wait_ready(proc, conn, deadline, start_timeout) for conn in conns]
+    except BaseException:
+        kill_engine_process(proc)
+        raise
+    return proc, conns, readies[0]
+
+
+def kill_engine_process(proc: Any) -> None:
+    if proc.is_alive():  # it ignores SIGTERM (see engine_process_main)
+        proc.kill()
+        proc.join(5)
+
+
+def _wait_ready(proc: Any, conn: Any, deadline: float, timeout: float) -> EngineReady:
+    while not conn.poll(1.0):
+        if not proc.is_alive():
+            raise StartupError(
+                f"the engine process exited during startup (exit code {proc.exitcode})"
+            )
+        if time.monotonic() > deadline:
+            raise StartupError(f"the engine process did not start within {timeout:g} s")
+    msg = conn.recv()
+    if msg[0] == "failed":
+        name, text = msg[1], msg[2]
+        if name in ("StartupError", "PluginError", "ValueError", "TypeError"):
+            raise StartupError(text)
+        raise StartupError(f"the engine failed to start: {name}: {text}")
+    return EngineReady(int(msg[1]), int(msg[2]), msg[3])
+
+
+class ProcessAsyncLLM(AsyncLLM):
+    """``AsyncLLM`` whose engine runs in a spawned process (same API for the server).
+
+    ``from_args`` starts a private engine process; an API server process of
+    ``--api-server-count`` > 1 attaches to the shared one with its own connection
+    (``proc`` None: the supervisor owns the process).
+    """
+
+    def __init__(self, args: EngineArgs, conn: Any, ready: EngineReady, proc: Any = None) -> None:
+        self._conn, self._proc = conn, proc
+        front = LLMEngine.frontend_from_args(args, ready.max_model_len, ready.vocab_size)
         self._queued_reqs_bound = args.max_num_queued_reqs
         self._listeners: list[Any] = []
         self._requests: dict[str, _Cumulative] = {}
         self._pending_adds: dict[str, Any] = {}
-        super().__init__(front, start=False, initial_stats=stats)
+        self._stopping = False  # set by the sender once it asked the engine to stop
+        super().__init__(front, start=False, initial_stats=ready.stats)
         self._last_message = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="engine-receiver", daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name="engine-sender", daemon=True)
@@ -234,24 +360,12 @@ class ProcessAsyncLLM(AsyncLLM):
 
     @classmethod
     def from_args(cls, args: EngineArgs) -> ProcessAsyncLLM:
-        return cls(args)
-
-    def _wait_ready(self, timeout: float) -> tuple[int, int, Any]:
-        deadline = time.monotonic() + timeout
-        while not self._conn.poll(1.0):
-            if not self._proc.is_alive():
-                raise StartupError(
-                    f"the engine process exited during startup (exit code {self._proc.exitcode})"
-                )
-            if time.monotonic() > deadline:
-                raise StartupError(f"the engine process did not start within {timeout:g} s")
-        msg = self._conn.recv()
-        if msg[0] == "failed":
-            name, text = msg[1], msg[2]
-            if name in ("StartupError", "PluginError", "ValueError", "TypeError"):
-                raise StartupError(text)
-            raise StartupError(f"the engine failed to start: {name}: {text}")
-        return int(msg[1]), int(msg[2]), msg[3]
+        proc, conns, ready = start_engine_process(args)
+        try:
+            return cls(args, conns[0], ready, proc)
+        except BaseException:
+            kill_engine_process(proc)
+            raise
 
     # -- the parts of AsyncLLM that read the engine object ----------------------------------
 
@@ -285,13 +399,16 @@ class ProcessAsyncLLM(AsyncLLM):
 
     def shutdown(self, timeout: float = 10.0) -> None:
         super().shutdown(timeout)
-        self._proc.join(timeout)
+        if self._proc is not None:
+            self._proc.join(timeout)
         self._kill()
 
     def _kill(self) -> None:
-        if self._proc.is_alive():  # it ignores SIGTERM (see engine_process_main)
-            self._proc.kill()
-            self._proc.join(5)
+        if self._proc is not None:  # a shared engine process is the supervisor's to stop
+            kill_engine_process(self._proc)
+
+    def _exitcode(self) -> int | None:
+        return None if self._proc is None else self._proc.exitcode
 
     # -- sender thread: inbox -> pipe ---------------------------------------------------------
 
@@ -302,6 +419,7 @@ class ProcessAsyncLLM(AsyncLLM):
             cmd = self._inbox.get()
             try:
                 if cmd is _STOP:
+                    self._stopping = True
                     self._conn.send(("stop",))
                     return
                 if isinstance(cmd, _Add):
@@ -329,9 +447,11 @@ class ProcessAsyncLLM(AsyncLLM):
             try:
                 msg = self._conn.recv()
             except (EOFError, OSError):
-                if self._sender.is_alive() or self._proc.exitcode not in (0, None):
+                if not self._stopping or self._exitcode() not in (0, None):
+                    code = self._exitcode()
                     raise EngineDeadError(
-                        f"the engine process exited (exit code {self._proc.exitcode})"
+                        "the engine process exited"
+                        + ("" if code is None else f" (exit code {code})")
                     ) from None
                 return  # a requested shutdown
             self._last_message = time.monotonic()
@@ -405,8 +525,14 @@ class ProcessAsyncLLM(AsyncLLM):
 
     def _check_alive(self) -> None:
         super()._check_alive()
-        if not self._proc.is_alive():
+        if self._proc is not None and not self._proc.is_alive():
             raise EngineDeadError("the engine process is not running")
 
 
-__all__ = ["ProcessAsyncLLM", "engine_process_main"]
+__all__ = [
+    "EngineReady",
+    "ProcessAsyncLLM",
+    "engine_process_main",
+    "kill_engine_process",
+    "start_engine_process",
+]

@@ -78,9 +78,14 @@ class ServerArgs:
         True, "Run the engine core in its own process, so HTTP work and the engine do not "
         "share one GIL (off: a thread of the server process).", "server",
     )  # fmt: skip
+    api_server_count: int = arg(
+        1, "HTTP front-end processes sharing the port and one engine process (more than 1 "
+        "spreads tokenizing, detokenizing and streaming over more CPU cores; needs "
+        "--engine-process).", "server",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        for name in ("max_request_body_bytes", "max_header_bytes", "max_n"):
+        for name in ("max_request_body_bytes", "max_header_bytes", "max_n", "api_server_count"):
             if getattr(self, name) < 1:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be at least 1, got {getattr(self, name)}")
@@ -92,6 +97,11 @@ class ServerArgs:
             if getattr(self, name) < 0:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be >= 0 (0: off), got {getattr(self, name)}")
+        if self.api_server_count > 1 and not self.engine_process:
+            raise ValueError(
+                f"--api-server-count {self.api_server_count} needs the engine in its own "
+                "process: drop --no-engine-process (or use --api-server-count 1)"
+            )
 
 
 def parse_token_count(text: str) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from engine_sdk.testing.server import child_pids, process_cmdline, wait_gone
 from sec_helpers import SERVER_FLAGS, Server, free_port, read_sse, serve_cmd
 
 pytestmark = pytest.mark.timeout(240)
@@ -151,18 +152,6 @@ def test_wedged_loop_fails_health_then_watchdog_exits_1(tiny_model: Path, mode: 
         assert events[-1] == "[DONE]", events
 
 
-def _children(pid: int) -> list[int]:
-    kids = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            text = status.read_text()
-        except OSError:
-            continue
-        if f"\nPPid:\t{pid}\n" in text:
-            kids.append(int(status.parent.name))
-    return kids
-
-
 def test_engine_process_exits_when_the_server_is_killed(tiny_model: Path) -> None:
     """SIGKILL of the server (no drain, no pipe message) must not leave the engine
     process behind, even while its step is wedged and it reads nothing."""
@@ -170,7 +159,7 @@ def test_engine_process_exits_when_the_server_is_killed(tiny_model: Path) -> Non
     flags = [str(tiny_model), "--port", str(port), *SERVER_FLAGS]
     server = Server([sys.executable, str(HERE / "wedge_server.py"), *flags], port).start()
     assert server.proc is not None
-    engines = [p for p in _children(server.proc.pid) if "spawn_main" in _cmdline(p)]
+    engines = [p for p in child_pids(server.proc.pid) if "spawn_main" in process_cmdline(p)]
     assert len(engines) == 1, engines
     body = {"model": "tiny", "prompt": "hi", "max_tokens": 4}
     headers = {**server.headers, "X-Request-Id": "wedge-kill"}
@@ -178,17 +167,4 @@ def test_engine_process_exits_when_the_server_is_killed(tiny_model: Path) -> Non
         threading.Timer(2.0, server.proc.kill).start()
         httpx.post(server.base_url + "/v1/completions", json=body, headers=headers, timeout=30)
     server.proc.wait(10)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and Path(f"/proc/{engines[0]}").exists():
-        if "zombie" in Path(f"/proc/{engines[0]}/status").read_text(errors="replace"):
-            break
-        time.sleep(0.2)
-    alive = Path(f"/proc/{engines[0]}/status")
-    assert not alive.exists() or "zombie" in alive.read_text(errors="replace")
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
+    assert wait_gone(engines[0], 15), "the engine process outlived its server"

@@ -142,3 +142,11 @@ def test_server_args_defaults() -> None:
 def test_unknown_flag_suggests() -> None:
     with pytest.raises(UsageError, match=r"'--max-num-seq' \(did you mean --max-num-seqs"):
         parse_serve_args(["--max-num-seq", "4"])
+
+
+def test_api_server_count_needs_the_engine_process() -> None:
+    assert parse_serve_args(["--api-server-count", "3"]).server_args.api_server_count == 3
+    with pytest.raises(UsageError, match="--api-server-count 2 needs the engine in its own"):
+        parse_serve_args(["--api-server-count", "2", "--no-engine-process"])
+    with pytest.raises(UsageError, match="--api-server-count must be at least 1"):
+        parse_serve_args(["--api-server-count", "0"])

@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ServerProcess", "free_port"]
+__all__ = ["ServerProcess", "child_pids", "free_port", "process_cmdline", "wait_gone"]
 
 
 def free_port() -> int:
@@ -33,6 +33,42 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of ``pid`` (Linux: read from /proc)."""
+    kids = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        if f"\nPPid:\t{pid}\n" in text:
+            kids.append(int(status.parent.name))
+    return kids
+
+
+def process_cmdline(pid: int) -> str:
+    """``pid``'s command line, space-separated ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    """Wait until ``pid`` has exited (gone, or a zombie its parent has not reaped)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/status").read_text(errors="replace")
+        except OSError:
+            return True
+        if "zombie" in state:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
 
 
 @dataclass

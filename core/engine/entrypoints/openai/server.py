@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 import sys
 import time
@@ -53,6 +54,7 @@ class EngineServer(uvicorn.Server):
         self._drain_task: asyncio.Task[None] | None = None
         self._watchdog_task: asyncio.Task[None] | None = None
         self._signals = 0
+        self.api_server_index: int | None = None  # set when one of several API servers
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -64,10 +66,14 @@ class EngineServer(uvicorn.Server):
             scheme = "https" if cfg.ssl_certfile else "http"
             host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
             port = self.servers[0].sockets[0].getsockname()[1] if self.servers else cfg.port
-            logger.info("Engine ready at %s://%s:%s", scheme, host, port)
+            index = self.api_server_index
+            where = "Engine ready" if index is None else f"API server {index} ready"
+            logger.info("%s at %s://%s:%s", where, scheme, host, port)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it and exit with -15.
+        if self.api_server_index is not None and sig == signal.SIGINT:
+            return  # Ctrl-C reaches the whole process group; the supervisor forwards it
         self._signals += 1
         if self._loop is None:  # before startup finished: stop plainly
             self.should_exit = True
@@ -157,6 +163,16 @@ def run_server(
     engine_factory: Callable[[EngineArgs], Any] | None = None,
 ) -> None:
     """Start the engine, serve until a signal, drain, shut the engine down."""
+    logger.info("Resolved configuration:\n%s", describe_config(engine_args, server_args))
+    # Parser flags are checked before the (slow) engine start; a bad one exits non-zero.
+    features = load_chat_features(engine_args, server_args)
+    if server_args.api_server_count > 1:
+        if engine_factory is not None:
+            raise EngineError("--api-server-count > 1 starts its own engine process")
+        from engine.entrypoints.openai.api_servers import run_api_servers
+
+        run_api_servers(engine_args, server_args)
+        return
     if engine_factory is None:
         from engine.async_llm import AsyncLLM
         from engine.engine_process import ProcessAsyncLLM
@@ -164,14 +180,26 @@ def run_server(
         engine_factory = (
             ProcessAsyncLLM.from_args if server_args.engine_process else AsyncLLM.from_args
         )
-    logger.info("Resolved configuration:\n%s", describe_config(engine_args, server_args))
-    # Parser flags are checked before the (slow) engine start; a bad one exits non-zero.
-    features = load_chat_features(engine_args, server_args)
     # The engine thread drops the GIL while it waits for the GPU; when the wait ends it
     # needs the GIL back from the event loop, which Python hands over only every switch
     # interval (5 ms by default: longer than a whole decode step). 0.5 ms keeps the GPU fed.
     sys.setswitchinterval(_GIL_SWITCH_INTERVAL_S)
-    engine_client = engine_factory(engine_args)
+    serve_engine(engine_factory(engine_args), engine_args, server_args, features)
+
+
+def serve_engine(
+    engine_client: Any,
+    engine_args: EngineArgs,
+    server_args: ServerArgs,
+    features: Any,
+    sockets: list[socket.socket] | None = None,
+    api_server_index: int | None = None,
+) -> None:
+    """Serve ``engine_client`` over HTTP until a signal (or the watchdog), then shut it down.
+
+    ``sockets``: an already bound listening socket shared by several API server processes
+    (``api_server_index`` says which one this is; it ignores SIGINT, which its supervisor
+    forwards as SIGTERM)."""
     server: EngineServer | None = None
     try:
         names = server_args.served_model_name or [default_served_name(engine_args.model)]
@@ -203,7 +231,8 @@ def run_server(
         server = EngineServer(
             config, ctx, server_args.shutdown_timeout, server_args.watchdog_timeout
         )
-        server.run()
+        server.api_server_index = api_server_index
+        server.run(sockets=sockets)
         if server.watchdog_fired:
             raise EngineError(server.watchdog_fired)
     finally:
@@ -211,4 +240,4 @@ def run_server(
             engine_client.shutdown(timeout=1.0)  # the loop is wedged: do not wait long
         else:
             engine_client.shutdown()
-        logger.info("Engine stopped.")
+        logger.info("Engine stopped." if api_server_index is None else "API server stopped.")

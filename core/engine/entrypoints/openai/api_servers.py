@@ -1,0 +1,198 @@
+"""``--api-server-count N``: N HTTP front-end processes over one engine process.
+
+    engine serve (supervisor)   binds the port, starts the engine, then the API servers
+      ├─ engine-core            one LLMEngine, one pipe per API server (engine_process.py)
+      ├─ api-server-0 ┐         uvicorn on its own socket bound to the port with
+      └─ api-server-1 ┘         SO_REUSEPORT (the kernel spreads new connections evenly)
+                                + ProcessAsyncLLM over its own pipe
+
+Under many concurrent streams the server's Python work (parsing, tokenizing, rebuilding
+outputs, SSE chunks) saturates one core before the GPU is busy; each API server brings its
+own interpreter. Every API server receives all engine stats, so ``/metrics`` and the stats
+line describe the whole engine whichever process answers; only API server 0 logs the
+periodic stats line.
+
+Lifecycle: SIGTERM or Ctrl-C reaches the supervisor, which forwards SIGTERM to each API
+server (a second signal: forwarded again, they abort at once); each drains as a single
+server does and says "stop" to the engine process, which exits once no API server is left.
+If any API server or the engine process dies, the others are stopped and ``engine serve``
+exits 1, so an orchestrator restarts the whole server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from engine.config import EngineArgs
+from engine.engine_process import (
+    EngineReady,
+    ProcessAsyncLLM,
+    kill_engine_process,
+    start_engine_process,
+)
+from engine.errors import EngineError
+from engine.parent_watch import exit_with_parent
+from engine.server_config import ServerArgs
+
+logger = logging.getLogger("engine.server")
+
+_ENGINE_EXIT_TIMEOUT_S = 10.0
+
+
+def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+    """One socket per API server, all bound to ``host:port`` with SO_REUSEPORT: the kernel
+    spreads new connections evenly over those listening (asyncio calls listen when a
+    server starts). Port 0 picks a free port for all of them."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise EngineError(f"--host {host!r} cannot be resolved: {exc}") from None
+    family, kind, proto, _, address = infos[0]
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(address)
+            address = sock.getsockname()  # the port picked for port 0
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        raise EngineError(
+            f"cannot listen on {host}:{port}: {exc.strerror} (choose another --port or --host)"
+        ) from None
+    return sockets
+
+
+def run_api_servers(engine_args: EngineArgs, server_args: ServerArgs) -> None:
+    """Serve with ``server_args.api_server_count`` API server processes until a signal."""
+    count = server_args.api_server_count
+    sockets = bind_sockets(server_args.host, server_args.port, count)
+    try:
+        engine_proc, conns, ready = start_engine_process(engine_args, count)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    ctx = multiprocessing.get_context("spawn")
+    level = logging.getLogger().getEffectiveLevel()
+    servers = []
+    try:
+        for index, (conn, sock) in enumerate(zip(conns, sockets, strict=True)):
+            args = (index, conn, ready, sock, engine_args, server_args, level, os.getpid())
+            proc = ctx.Process(target=api_server_main, args=args, name=f"api-server-{index}")
+            proc.start()
+            conn.close()  # the API server holds its ends now
+            sock.close()
+            servers.append(proc)
+        logger.info("Started %d API server processes over one engine process.", count)
+        failure = _supervise(servers, engine_proc)
+    finally:
+        for proc in servers:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+        engine_proc.join(_ENGINE_EXIT_TIMEOUT_S)
+        kill_engine_process(engine_proc)
+    if failure is not None:
+        raise EngineError(failure)
+
+
+def _supervise(servers: list[Any], engine_proc: Any) -> str | None:
+    """Wait until every API server has exited; forward signals; on a death, stop the rest.
+    Returns why the server failed, or None after a requested shutdown."""
+    signals = 0
+    failure: str | None = None
+
+    def stop_servers() -> None:
+        for proc in servers:
+            if proc.exitcode is None:
+                try:
+                    os.kill(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    def on_signal(signum: int, frame: Any) -> None:
+        nonlocal signals
+        signals += 1
+        stop_servers()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while any(proc.exitcode is None for proc in servers):
+            sentinels = [p.sentinel for p in servers if p.exitcode is None]
+            if failure is None:
+                sentinels.append(engine_proc.sentinel)
+            multiprocessing.connection.wait(sentinels, timeout=0.5)
+            if failure is not None or signals:
+                continue
+            failure = _first_failure(servers, engine_proc)
+            if failure is not None:
+                logger.error("%s; stopping the server", failure)
+                stop_servers()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failure is None:
+        failure = next(
+            (f"API server {i} exited with code {p.exitcode}"
+             for i, p in enumerate(servers) if p.exitcode not in (0, -signal.SIGTERM)),
+            None,
+        )  # fmt: skip
+    return failure
+
+
+def _first_failure(servers: list[Any], engine_proc: Any) -> str | None:
+    for index, proc in enumerate(servers):
+        if proc.exitcode is not None:
+            return f"API server {index} exited unexpectedly (exit code {proc.exitcode})"
+    if engine_proc.exitcode is not None:
+        return f"the engine process exited unexpectedly (exit code {engine_proc.exitcode})"
+    return None
+
+
+def api_server_main(
+    index: int,
+    conn: Any,
+    ready: EngineReady,
+    sock: socket.socket,
+    engine_args: EngineArgs,
+    server_args: ServerArgs,
+    log_level: int,
+    parent_pid: int,
+) -> None:
+    """Entry point of one API server process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor forwards Ctrl-C
+    logging.basicConfig(
+        level=log_level,
+        format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        stream=sys.stderr,
+    )
+    exit_with_parent(parent_pid, "parent-watch")
+    from engine.entrypoints.openai.chat_features import load_chat_features
+    from engine.entrypoints.openai.server import _GIL_SWITCH_INTERVAL_S, serve_engine
+
+    if index > 0:  # one periodic stats line for the whole server
+        server_args = dataclasses.replace(server_args, log_stats_interval=0.0)
+    sys.setswitchinterval(_GIL_SWITCH_INTERVAL_S)
+    try:
+        features = load_chat_features(engine_args, server_args)
+        engine_client = ProcessAsyncLLM(engine_args, conn, ready)
+        serve_engine(engine_client, engine_args, server_args, features, [sock], index)
+    except EngineError as exc:
+        logger.error("%s", exc)
+        sys.exit(1)
+
+
+__all__ = ["api_server_main", "bind_sockets", "run_api_servers"]

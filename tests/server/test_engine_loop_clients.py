@@ -1,0 +1,130 @@
+"""The engine process's loop with several clients (one per API server): each client gets
+only its own requests' updates but every step's stats; an id already running for another
+client is refused; a client that leaves has its requests aborted; the loop ends when the
+last client has gone."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from engine.engine_process import _EngineLoop
+from engine.outputs import CompletionOutput, RequestOutput
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@dataclass
+class FakeEngine:
+    """Each running request gets one token per step and finishes after ``length``."""
+
+    length: int = 3
+    running: dict[str, int] = field(default_factory=dict)
+    aborted: list[str] = field(default_factory=list)
+    steps: int = 0
+
+    def add_stats_listener(self, listener: Any) -> None:
+        self.listener = listener
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running)
+
+    def add_prepared_request(self, prepared: Any) -> None:
+        self.running[prepared.request_id] = 0
+
+    def abort_request(self, ids: list[str]) -> list[RequestOutput]:
+        gone = [rid for rid in ids if self.running.pop(rid, None) is not None]
+        self.aborted += gone
+        return [_output(rid, 0, "abort") for rid in gone]
+
+    def step(self) -> list[RequestOutput]:
+        self.steps += 1
+        self.listener(SimpleNamespace(step=self.steps))
+        outs = []
+        for rid in list(self.running):
+            self.running[rid] += 1
+            done = self.running[rid] >= self.length
+            outs.append(_output(rid, self.running[rid], "length" if done else None))
+            if done:
+                del self.running[rid]
+        return outs
+
+    def stats(self) -> dict[str, int]:
+        return {"num_running": len(self.running)}
+
+    def counters(self) -> dict[str, int]:
+        return {"steps": self.steps}
+
+
+def _output(rid: str, n: int, finish: str | None) -> RequestOutput:
+    c = CompletionOutput(0, "", [], finish, None, None, f"t{n}", [n], None)
+    return RequestOutput(rid, "p", [1], [c], finish is not None, None, 0, None)
+
+
+def _add(rid: str) -> tuple[str, Any]:
+    return ("add", SimpleNamespace(request_id=rid, params=SimpleNamespace(structured_outputs=None)))
+
+
+def _recv_until(conn: Any, want: Any) -> list[tuple[Any, ...]]:
+    msgs = []
+    while True:
+        assert conn.poll(10), f"no message; had {msgs}"
+        msgs.append(conn.recv())
+        if want(msgs):
+            return msgs
+
+
+def _finished(msgs: list[tuple[Any, ...]]) -> set[str]:
+    return {u[0] for m in msgs if m[0] == "step" for u in m[1] if u[1]}
+
+
+def test_two_clients_get_their_own_updates_and_all_stats() -> None:
+    engine = FakeEngine()
+    (a, a_child), (b, b_child) = multiprocessing.Pipe(), multiprocessing.Pipe()
+    loop = threading.Thread(target=_EngineLoop(engine, [a_child, b_child]).run, daemon=True)
+    loop.start()
+    a.send(_add("r1"))
+    b.send(_add("r2"))
+    b.send(_add("r1"))  # already running for client a
+    msgs_a = _recv_until(a, lambda ms: "r1" in _finished(ms))
+    msgs_b = _recv_until(b, lambda ms: "r2" in _finished(ms))
+    ids_a = {u[0] for m in msgs_a if m[0] == "step" for u in m[1]}
+    ids_b = {u[0] for m in msgs_b if m[0] == "step" for u in m[1]}
+    assert ids_a == {"r1"} and ids_b == {"r2"}
+    assert ("added", "r1", None) in msgs_a and ("added", "r2", None) in msgs_b
+    refused = [m for m in msgs_b if m[0] == "added" and m[1] == "r1"]
+    assert refused and refused[0][2][0] == "RequestValidationError", msgs_b
+    # Both clients see every step's iteration stats, even steps with none of their tokens.
+    steps_a = [it.step for m in msgs_a if m[0] == "step" for it in m[4]]
+    steps_b = [it.step for m in msgs_b if m[0] == "step" for it in m[4]]
+    assert steps_a == steps_b == list(range(1, engine.steps + 1))
+    a.send(("stop",))
+    b.send(("stop",))
+    loop.join(10)
+    assert not loop.is_alive(), "the loop did not end after its last client left"
+
+
+def test_a_client_that_goes_away_has_its_requests_aborted() -> None:
+    engine = FakeEngine(length=10_000)
+    (a, a_child), (b, b_child) = multiprocessing.Pipe(), multiprocessing.Pipe()
+    loop = threading.Thread(target=_EngineLoop(engine, [a_child, b_child]).run, daemon=True)
+    loop.start()
+    a.send(_add("mine"))
+    b.send(_add("theirs"))
+    _recv_until(a, lambda ms: ("added", "mine", None) in ms)
+    _recv_until(b, lambda ms: ("added", "theirs", None) in ms)
+    a.close()  # the API server died: its end of the pipe is gone
+    for _ in range(200):
+        if "mine" in engine.aborted:
+            break
+        b.recv()
+    assert engine.aborted == ["mine"]
+    assert loop.is_alive(), "the other client's requests must go on"
+    b.send(("stop",))
+    loop.join(10)
+    assert not loop.is_alive()
+    assert engine.aborted == ["mine", "theirs"]  # the last client left with a request
