@@ -1,5 +1,6 @@
 """q/k/v and gate/up merged into one GEMM each after loading: same outputs, no extra
-memory, and only for plain weights (quantized layers keep their own kernels)."""
+memory; quantized layers merge only through their method's ``merge`` (FP8 does; a method
+without one keeps separate GEMMs)."""
 
 from __future__ import annotations
 
@@ -61,5 +62,5 @@ def test_engine_merges_plain_models_only(tmp_path: object) -> None:
     buffers = sum(b.numel() * b.element_size() for b in plain.buffers())
     assert weights == params + buffers  # merged weights are not counted twice
     fp8 = LLM(str(path), quantization="fp8", **base).engine.runner.model
-    assert fp8.model.layers[0].self_attn.qkv_proj is None
-    assert fp8.model.layers[0].mlp.gate_up_proj is None
+    assert fp8.model.layers[0].self_attn.qkv_proj is not None  # Fp8LinearMethod.merge
+    assert fp8.model.layers[0].mlp.gate_up_proj is not None

@@ -10,12 +10,23 @@ Matmul paths:
 - CUDA with more tokens (prefill): dequantize once per call and use the dense matmul,
   which is compute-bound there and faster than the fused kernel.
 - CPU (and CUDA without Triton): the torch reference, dequantize then matmul.
+
+Merging (:meth:`AwqLinearMethod.merge`, for q/k/v and gate/up): the three tensors are
+concatenated along their output (N) dimension, which packing never crosses (8 columns per
+int32, and every layer has a multiple of 8 outputs), so one kernel launch computes all::
+
+    qweight [K, Nq/8 | Nk/8 | Nv/8]   qzeros [K/G, Nq/8 | ...]   scales [K/G, Nq | Nk | Nv]
+
+The original layers keep column views of the merged tensors.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from engine_sdk.interfaces.quantization import QuantizationMethod
+from engine_sdk.layers.linear import share_merged
 
 from engine_awq.packing import PACK_FACTOR, awq_dequantize
 
@@ -125,3 +136,33 @@ class AwqLinearMethod(QuantizationMethod):
         if bias is not None:
             out = out + bias
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    def merge(
+        self, layers: Sequence[torch.nn.Module], merged: torch.nn.Module
+    ) -> QuantizationMethod | None:
+        """Concatenate ``qweight``, ``qzeros`` and ``scales`` along N; ``None`` unless the
+        layers share the group size, the kernel choice and the tensors' dtypes and device."""
+        first = layers[0]
+        same = all(
+            isinstance(layer.quant_method, AwqLinearMethod)
+            and layer.awq_group_size == first.awq_group_size
+            and getattr(layer, "awq_use_triton", False) == getattr(first, "awq_use_triton", False)
+            for layer in layers
+        )
+        if not same or len({_tensor_kinds(layer) for layer in layers}) != 1:
+            return None
+        for name in _PACKED_NAMES:
+            tensor = torch.cat([getattr(layer, name).data for layer in layers], dim=1)
+            merged.register_parameter(name, torch.nn.Parameter(tensor, requires_grad=False))
+            sizes = [getattr(layer, name).shape[1] for layer in layers]
+            share_merged(layers, name, tensor, dim=1, sizes=sizes)
+        merged.awq_group_size = first.awq_group_size
+        merged.awq_use_triton = getattr(first, "awq_use_triton", False)
+        return AwqLinearMethod(self.group_size)
+
+
+_PACKED_NAMES = ("qweight", "qzeros", "scales")
+
+
+def _tensor_kinds(layer: torch.nn.Module) -> tuple[tuple[torch.dtype, torch.device], ...]:
+    return tuple((getattr(layer, n).dtype, getattr(layer, n).device) for n in _PACKED_NAMES)

@@ -10,6 +10,9 @@ group size, so a K step never straddles two groups), unpacks in registers and fe
     x    [M, K]             qweight [K, N/8]      qzeros [K/G, N/8]    scales [K/G, N]
     tile (m, n, split) sums k in [split * k_per_split, (split + 1) * k_per_split)
 
+The packed tensors may be column slices of wider ones (row strides are arguments), so a
+layer whose q/k/v weights were merged still runs on its view of the merged tensors.
+
 Column ``n`` of a packed int32 sits at bit ``4 * (j // 2 + 4 * (j % 2))`` with
 ``j = n % 8`` (AutoAWQ's order, see :mod:`engine_awq.packing`).
 """
@@ -46,6 +49,9 @@ def _awq_gemm_kernel(
     group_size,
     k_per_split,
     stride_xm,
+    stride_qw,
+    stride_qz,
+    stride_s,
     stride_om,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -79,15 +85,15 @@ def _awq_gemm_kernel(
             other=0.0,
         )
         packed = tl.load(
-            qweight_ptr + ks[:, None] * num_packed + packed_cols[None, :],
+            qweight_ptr + ks[:, None] * stride_qw + packed_cols[None, :],
             mask=mask_k[:, None] & mask_pn[None, :],
             other=0,
         )
         packed = _repeat8(packed)
         group = k0 // group_size
-        packed_zeros = tl.load(qzeros_ptr + group * num_packed + packed_cols, mask=mask_pn, other=0)
+        packed_zeros = tl.load(qzeros_ptr + group * stride_qz + packed_cols, mask=mask_pn, other=0)
         packed_zeros = _repeat8(packed_zeros)
-        scales = tl.load(scales_ptr + group * N + offs_n, mask=mask_n, other=0.0)
+        scales = tl.load(scales_ptr + group * stride_s + offs_n, mask=mask_n, other=0.0)
         codes = (packed >> shifts[None, :]) & 0xF
         zeros = (packed_zeros >> shifts) & 0xF
         w = (codes - zeros[None, :]).to(tl.float32) * scales.to(tl.float32)[None, :]
@@ -140,6 +146,9 @@ def awq_gemm_triton(
         raise ValueError(f"AWQ group_size {group_size} is not a multiple of 16")
     if qweight.shape != (num_in, num_out // 8):
         raise ValueError(f"qweight shape {tuple(qweight.shape)} does not match x {tuple(x.shape)}")
+    # Rows may be strided (a layer's columns viewed inside a merged q/k/v weight); columns
+    # must be adjacent.
+    assert qweight.stride(1) == qzeros.stride(1) == scales.stride(1) == 1
     x = x.contiguous()
     block_m, default_block_n = _tiles(num_tokens)
     block_n = block_n or default_block_n
@@ -167,6 +176,9 @@ def awq_gemm_triton(
         group_size,
         k_per_split,
         x.stride(0),
+        qweight.stride(0),
+        qzeros.stride(0),
+        scales.stride(0),
         out.stride(0),
         BLOCK_M=block_m,
         BLOCK_N=block_n,

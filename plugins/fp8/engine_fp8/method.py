@@ -14,20 +14,36 @@ static acts    ``input_scale`` []          activations quantized with the calibr
 
 On a CUDA GPU with FP8 matrix units (compute capability >= 8.9) tensor/channel layouts run
 ``torch._scaled_mm`` with activations quantized per call (dynamic: per tensor or per token;
-static: ``input_scale``). Elsewhere, and for block layouts, the weight is dequantized to the
+static: ``input_scale``) by one Triton kernel (:mod:`engine_fp8.triton_quant`; torch ops
+when Triton is missing). Elsewhere, and for block layouts, the weight is dequantized to the
 activation dtype and multiplied (weight-only FP8; activations stay unquantized).
+
+Merging (:meth:`Fp8LinearMethod.merge`, for q/k/v and gate/up): the fp8 weights are
+concatenated along the output dimension and the scales become one per output channel
+(a per-tensor scale repeated over its layer's rows), so the merged layer runs the channel
+layout: one activation quantization and one ``_scaled_mm`` with row-wise scales::
+
+    q [Nq, K] scale sq     ┐      weight [Nq+Nk+Nv, K]
+    k [Nk, K] scale sk     ├──>   weight_scale [sq]*Nq + [sk]*Nk + [sv]*Nv   ([N, 1])
+    v [Nv, K] scale sv     ┘
+
+Block layouts merge when every layer but the last fills whole blocks of rows (the scale
+tiles stack); static activations only when all layers share one ``input_scale`` (a common
+larger scale would change every other layer's rounding).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from engine_sdk.interfaces.quantization import QuantizationMethod
+from engine_sdk.layers.linear import share_merged
 
 from engine_fp8 import quant_ops
 
-__all__ = ["Fp8LinearMethod", "Fp8Scheme", "has_fp8_matrix_units"]
+__all__ = ["Fp8LinearMethod", "Fp8Scheme", "has_fp8_matrix_units", "triton_available"]
 
 WEIGHT_STRATEGIES = ("tensor", "channel", "block")
 ACTIVATION_STRATEGIES = ("tensor", "token")
@@ -76,6 +92,14 @@ def has_fp8_matrix_units(device: torch.device) -> bool:
         return False
     major, minor = torch.cuda.get_device_capability(device)
     return major * 10 + minor >= FP8_MIN_CAPABILITY
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _scale_loader(layer_name: str):  # type: ignore[no-untyped-def]
@@ -135,6 +159,7 @@ class Fp8LinearMethod(QuantizationMethod):
     ) -> None:
         scheme, name = self.scheme, getattr(layer, "prefix", "") or "linear"
         layer.fp8_use_scaled_mm = False
+        layer.fp8_triton_quant = False
         if not scheme.serialized:
             weight = torch.empty(output_size, input_size, dtype=params_dtype)
             layer.register_parameter("weight", _param(weight, None))
@@ -181,6 +206,7 @@ class Fp8LinearMethod(QuantizationMethod):
             and num_in % 16 == 0
             and num_out % 16 == 0
         )
+        layer.fp8_triton_quant = layer.fp8_use_scaled_mm and triton_available()
 
     def dequantize_weight(self, layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """The layer's weight as ``dtype`` [out, in] (for references and tests)."""
@@ -198,7 +224,17 @@ class Fp8LinearMethod(QuantizationMethod):
                 x, layer.weight, self._weight_scale(layer), bias, block
             )
         x2 = x.reshape(-1, x.shape[-1])
-        if self.scheme.activation_scheme == "static":
+        static = self.scheme.activation_scheme == "static"
+        if layer.fp8_triton_quant:
+            from engine_fp8 import triton_quant
+
+            strategy = "static" if static else self.scheme.activation_strategy
+            # Next to per-channel weight scales _scaled_mm wants one activation scale per
+            # row; the kernel writes them (no copy of a repeated scalar per call).
+            row_scales = layer.weight_scale.numel() > 1
+            input_scale = layer.input_scale if static else None
+            qx, x_scale = triton_quant.quantize(x2, strategy, input_scale, row_scales)
+        elif static:
             x_scale = layer.input_scale
             qx = quant_ops.quantize_with_scale(x2, x_scale)
         elif self.scheme.activation_strategy == "token":
@@ -207,3 +243,57 @@ class Fp8LinearMethod(QuantizationMethod):
             qx, x_scale = quant_ops.quantize_per_tensor(x2)
         out = quant_ops.scaled_mm(qx, x_scale, layer.weight, layer.weight_scale, x.dtype, bias)
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    # -- merging ----------------------------------------------------------------------
+
+    def merge(
+        self, layers: Sequence[torch.nn.Module], merged: torch.nn.Module
+    ) -> QuantizationMethod | None:
+        """Concatenate the fp8 weights; scales become per channel (see the module
+        docstring). ``None`` when the layers' schemes, devices or paths differ, static input
+        scales differ, or block scales do not tile the merged weight."""
+        scheme = self.scheme
+        methods = [layer.quant_method for layer in layers]
+        if any(not isinstance(m, Fp8LinearMethod) or m.scheme != scheme for m in methods):
+            return None
+        weights: list[torch.Tensor] = [layer.weight for layer in layers]
+        if len({(w.dtype, w.device) for w in weights}) != 1:
+            return None
+        if weights[0].dtype != quant_ops.FP8_DTYPE:
+            return None  # not processed yet (online weights are quantized after loading)
+        if len({bool(layer.fp8_use_scaled_mm) for layer in layers}) != 1:
+            return None
+        if scheme.activation_scheme == "static":
+            first_scale = layers[0].input_scale
+            if not all(torch.equal(layer.input_scale, first_scale) for layer in layers):
+                return None
+        scale_name = "weight_scale"
+        if scheme.weight_strategy == "block":
+            assert scheme.block is not None
+            if any(layer.weight.shape[0] % scheme.block[0] for layer in layers[:-1]):
+                return None  # a partial tile row would shift every later layer's tiles
+            scale_name = scheme.block_scale_name
+            scales = [self._weight_scale(layer).data for layer in layers]
+            merged_scheme = scheme
+        else:
+            scales = [_channel_scale(layer) for layer in layers]
+            merged_scheme = replace(scheme, weight_strategy="channel")
+        weight = torch.cat([w.data for w in weights], dim=0)
+        merged.register_parameter("weight", _param(weight, None))
+        merged.register_parameter(scale_name, _param(torch.cat(scales, dim=0), None))
+        if scheme.activation_scheme == "static":
+            input_scale = layers[0].input_scale.data.clone()
+            merged.register_parameter("input_scale", _param(input_scale, None))
+        merged.fp8_use_scaled_mm = layers[0].fp8_use_scaled_mm
+        merged.fp8_triton_quant = layers[0].fp8_triton_quant
+        share_merged(layers, "weight", weight)
+        return Fp8LinearMethod(merged_scheme)
+
+
+def _channel_scale(layer: torch.nn.Module) -> torch.Tensor:
+    """The layer's weight scale as float32 [out, 1] (a per-tensor scale repeated)."""
+    scale: torch.Tensor = layer.weight_scale.data.float()
+    num_out = layer.weight.shape[0]
+    if scale.numel() == 1:
+        return scale.reshape(1, 1).expand(num_out, 1)
+    return scale.reshape(num_out, 1)

@@ -16,6 +16,7 @@ import torch
 __all__ = [
     "FP8_DTYPE",
     "FP8_MAX",
+    "MIN_SCALE",
     "dequantize",
     "fp8_linear_reference",
     "quantize_block",
@@ -28,7 +29,19 @@ __all__ = [
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
-_MIN_SCALE = 1e-12
+MIN_SCALE = 1e-12
+
+
+def _scale_of(amax: torch.Tensor) -> torch.Tensor:
+    """``max(amax / 448, 1e-12)`` in float32, divided with IEEE rounding on every device.
+
+    Dividing by the Python number would not do: on CUDA torch multiplies by its reciprocal
+    instead (an ulp off for some values), so GPU and CPU scales, and the Triton kernels'
+    (:mod:`engine_fp8.triton_quant`), would disagree. A 0-dim tensor on the same device
+    keeps it a true division.
+    """
+    amax = amax.float()
+    return (amax / amax.new_full((), FP8_MAX)).clamp(min=MIN_SCALE)
 
 
 def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -38,14 +51,14 @@ def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def quantize_per_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 tensor, float32 scalar scale) with the absolute maximum mapped to 448."""
-    scale = (x.abs().amax().float() / FP8_MAX).clamp(min=_MIN_SCALE)
+    scale = _scale_of(x.abs().amax())
     return quantize_with_scale(x, scale), scale
 
 
 def quantize_per_channel(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-wise: (fp8 [rows, cols], float32 scale [rows, 1]); for W rows are output channels
     and for activations rows are tokens."""
-    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=_MIN_SCALE)
+    scale = _scale_of(x.abs().amax(dim=-1, keepdim=True))
     return quantize_with_scale(x, scale), scale
 
 
@@ -68,7 +81,7 @@ def quantize_block(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tenso
     padded[:rows, :cols] = w.float()
     tiles = padded.view(num_row_blocks, b0, num_col_blocks, b1)
     amax = tiles.abs().amax(dim=(1, 3))
-    scale = (amax / FP8_MAX).clamp(min=_MIN_SCALE)
+    scale = _scale_of(amax)
     return quantize_with_scale(w, _expand_blocks(scale, w.shape, block)), scale
 
 

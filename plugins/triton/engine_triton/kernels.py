@@ -61,8 +61,10 @@ def store_kv_kernel(
     if FP8:
         k_scale = tl.load(kv_scales_ptr)
         v_scale = tl.load(kv_scales_ptr + 1)
-        k = tl.minimum(tl.maximum(k.to(tl.float32) / k_scale, -FP8_MAX), FP8_MAX)
-        v = tl.minimum(tl.maximum(v.to(tl.float32) / v_scale, -FP8_MAX), FP8_MAX)
+        # IEEE division (div_rn), not the GPU's default approximate one: a quotient near
+        # the midpoint of two fp8 values (common for bf16 inputs) must round as torch does.
+        k = tl.minimum(tl.maximum(tl.math.div_rn(k.to(tl.float32), k_scale), -FP8_MAX), FP8_MAX)
+        v = tl.minimum(tl.maximum(tl.math.div_rn(v.to(tl.float32), v_scale), -FP8_MAX), FP8_MAX)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 

@@ -3,12 +3,15 @@
 A ``QuantizationConfig`` is parsed from a checkpoint's ``quantization_config`` (or built for
 ``--quantization NAME``). For each linear layer the engine asks ``get_method(prefix)``; the
 returned ``QuantizationMethod`` creates that layer's parameters, post-processes them once the
-checkpoint is loaded, and computes the layer's output.
+checkpoint is loaded, and computes the layer's output. Once every layer is processed, models
+merge projections that read the same input (q/k/v, gate/up) into one layer; a method takes
+part by implementing :meth:`QuantizationMethod.merge`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -35,6 +38,32 @@ class QuantizationMethod(ABC):
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Compute ``x @ W.T + bias`` with the layer's stored weights."""
+
+    def merge(
+        self, layers: Sequence[torch.nn.Module], merged: torch.nn.Module
+    ) -> QuantizationMethod | None:
+        """Fill ``merged`` so that it computes ``cat([layer(x) for layer in layers], -1)``.
+
+        Optional; the default returns ``None``: these layers cannot merge and each keeps its
+        own matmul. ``merge_linears`` (``engine_sdk.layers.linear``) calls it on the first
+        layer's method after loading and ``process_weights_after_loading``, once it has
+        checked that every layer has a method of this same class, the same input size and
+        all or none a bias. ``merged`` is a fresh ``Linear`` with ``input_size``,
+        ``output_size`` (the sum) and ``prefix`` set and no parameters; the bias is merged
+        by the caller after this returns.
+
+        An implementation checks what its own layout needs (equal group sizes, equal
+        static scales, matching devices, ...) and returns ``None`` *before changing
+        anything* when the layers do not fit. Otherwise it registers on ``merged`` the
+        layers' parameters concatenated along the output dimension (in the order given),
+        in their final processed form (``process_weights_after_loading`` is not called on
+        ``merged``), sets any attributes its ``apply`` reads, and returns the method that
+        applies them (``self``, or another instance when the merged layout differs, e.g.
+        per-tensor scales become one per-channel vector). The original layers must stay
+        usable: point their parameters at views of the merged tensors
+        (``engine_sdk.layers.linear.share_merged``) so the memory is not doubled.
+        """
+        return None
 
 
 class QuantizationConfig(ABC):

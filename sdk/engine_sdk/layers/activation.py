@@ -47,7 +47,7 @@ class GatedMLP(torch.nn.Module):
         self.gate_up_proj: Linear | None = None  # set by merge_projections()
 
     def merge_projections(self) -> None:
-        """After loading: gate and up as one GEMM (when their weights are plain)."""
+        """After loading: gate and up as one GEMM (when their quantization method can merge)."""
         self.gate_up_proj = merge_linears([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -117,7 +117,7 @@ class DecoderAttention(torch.nn.Module):
         self.qkv_proj: Linear | None = None  # set by merge_projections()
 
     def merge_projections(self) -> None:
-        """After loading: q, k and v as one GEMM (when their weights are plain)."""
+        """After loading: q, k and v as one GEMM (when their quantization method can merge)."""
         self.qkv_proj = merge_linears([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(
@@ -262,7 +262,7 @@ class DecoderForCausalLM(ModelArchitecture):
 
     def merge_projections(self) -> None:
         """Called by the loader once weights are final (after quantization processing):
-        q/k/v and gate/up run as one GEMM each where their weights are plain."""
+        q/k/v and gate/up run as one GEMM each where their methods can merge."""
         for layer in self.model.layers:
             assert isinstance(layer, DecoderLayer)
             layer.self_attn.merge_projections()

@@ -9,6 +9,7 @@ registers, e.g. ``weight_scale``), so the generic weight loader copies them by n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,7 +19,7 @@ from engine_sdk.interfaces.quantization import QuantizationMethod
 if TYPE_CHECKING:
     from engine_sdk.interfaces.quantization import QuantizationConfig
 
-__all__ = ["Linear", "UnquantizedLinearMethod", "merge_linears"]
+__all__ = ["Linear", "UnquantizedLinearMethod", "merge_linears", "share_merged"]
 
 
 class UnquantizedLinearMethod(QuantizationMethod):
@@ -39,6 +40,18 @@ class UnquantizedLinearMethod(QuantizationMethod):
     ) -> torch.Tensor:
         weight: torch.Tensor = layer.weight  # type: ignore[assignment]
         return torch.nn.functional.linear(x, weight, bias)
+
+    def merge(
+        self, layers: Sequence[torch.nn.Module], merged: torch.nn.Module
+    ) -> QuantizationMethod | None:
+        """One weight [sum of outputs, in] when the weights share a dtype and device."""
+        weights = [_tensor(layer.weight) for layer in layers]
+        if len({(w.dtype, w.device) for w in weights}) != 1:
+            return None
+        weight = torch.cat([w.data for w in weights], dim=0)
+        merged.register_parameter("weight", torch.nn.Parameter(weight, requires_grad=False))
+        share_merged(layers, "weight", weight)
+        return UnquantizedLinearMethod()
 
 
 class Linear(torch.nn.Module):
@@ -80,44 +93,73 @@ def merge_linears(layers: list[Linear]) -> Linear | None:
     """One ``Linear`` computing ``cat([l(x) for l in layers], -1)`` with one GEMM, or None.
 
     For projections that read the same input (q/k/v, gate/up): one launch instead of
-    several, and a wider GEMM that uses the GPU better. Only plain (unquantized) weights of
-    one dtype and device merge, all with or all without bias. The merged weight is one
-    tensor; each original layer's weight becomes a view of its rows, so memory is not
-    doubled and the originals still work.
+    several, and a wider GEMM that uses the GPU better. The layers must share the input
+    size, all or none have a bias, and use quantization methods of one class; that method's
+    :meth:`~engine_sdk.interfaces.quantization.QuantizationMethod.merge` builds the merged
+    weights or refuses (plain weights merge when they share a dtype and device). Each
+    original layer's tensors become views of the merged ones where the method can, so
+    memory is not doubled and the originals still work.
     """
     first = layers[0]
-    plain = all(
-        type(layer.quant_method) is UnquantizedLinearMethod
+    method_cls = type(first.quant_method)
+    compatible = all(
+        type(layer.quant_method) is method_cls
         and type(layer).forward is Linear.forward
         and layer.input_size == first.input_size
         for layer in layers
     )
-    if not plain or len({(layer.bias is None) for layer in layers}) != 1:
+    if not compatible or not isinstance(first.quant_method, QuantizationMethod):
         return None
-    weights = [_tensor(layer.weight) for layer in layers]
-    if len({(w.dtype, w.device) for w in weights}) != 1:
+    biases = [layer.bias for layer in layers]
+    if any(b is None for b in biases) and any(b is not None for b in biases):
         return None
-    out_size = sum(layer.output_size for layer in layers)
+    if first.bias is not None and len({(_tensor(b).dtype, _tensor(b).device) for b in biases}) != 1:
+        return None
     merged = Linear.__new__(Linear)
     torch.nn.Module.__init__(merged)
-    merged.input_size, merged.output_size = first.input_size, out_size
+    merged.input_size = first.input_size
+    merged.output_size = sum(layer.output_size for layer in layers)
     merged.prefix = "+".join(layer.prefix for layer in layers)
-    merged.quant_method = UnquantizedLinearMethod()
-    weight = torch.cat([w.data for w in weights], dim=0)
-    merged.register_parameter("weight", torch.nn.Parameter(weight, requires_grad=False))
+    method = first.quant_method.merge(layers, merged)
+    if method is None:
+        return None
+    merged.quant_method = method
     bias = None
     if first.bias is not None:
-        biases = [_tensor(layer.bias).data for layer in layers]
-        bias = torch.nn.Parameter(torch.cat(biases), requires_grad=False)
+        bias = torch.nn.Parameter(torch.cat([_tensor(b).data for b in biases]), requires_grad=False)
+        share_merged(layers, "bias", bias.data)
     merged.register_parameter("bias", bias)
-    row = 0
-    for layer in layers:
-        rows = slice(row, row + layer.output_size)
-        layer.weight = torch.nn.Parameter(weight[rows], requires_grad=False)
-        if bias is not None:
-            layer.bias = torch.nn.Parameter(bias.data[rows], requires_grad=False)
-        row += layer.output_size
     return merged
+
+
+def share_merged(
+    layers: Sequence[torch.nn.Module],
+    name: str,
+    merged: torch.Tensor,
+    dim: int = 0,
+    sizes: Sequence[int] | None = None,
+) -> None:
+    """Point each layer's parameter ``name`` at its slice of ``merged`` along ``dim``.
+
+    ``sizes`` are the slices' lengths in layer order (default: each layer's
+    ``output_size``, for tensors whose ``dim`` is the output dimension). For a merged
+    weight [N, K] and ``dim=0`` the views are contiguous row blocks; along ``dim=1`` of a
+    row-major tensor they are strided column blocks, which the method's ``apply`` must
+    accept::
+
+        merged [K, N1+N2+N3]  ->  layer 1: [:, 0:N1]  layer 2: [:, N1:N1+N2]  ...
+    """
+    if sizes is None:
+        sizes = [_output_size(layer) for layer in layers]
+    assert len(sizes) == len(layers) and sum(sizes) == merged.shape[dim]
+    for layer, view in zip(layers, torch.split(merged, list(sizes), dim=dim), strict=True):
+        setattr(layer, name, torch.nn.Parameter(view, requires_grad=False))
+
+
+def _output_size(layer: torch.nn.Module) -> int:
+    size = layer.output_size
+    assert isinstance(size, int)
+    return size
 
 
 def _tensor(value: object) -> torch.Tensor:

@@ -1,0 +1,130 @@
+"""Merging AWQ projections (q/k/v, gate/up) into one layer: the torch dequantize path and
+the Triton kernel (Triton's interpreter on a CPU) compute the concatenation of the
+separate layers, and the originals keep working on column views of the merged tensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from awq_formats import awq_gemm
+from engine_awq.config import AwqConfig
+from engine_awq.method import AwqLinearMethod
+from engine_sdk.layers.linear import Linear, merge_linears
+from engine_sdk.testing.models import build_tiny_model
+from engine_sdk.testing.quantized_model import build_model, greedy, quantized_state
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+CONFIG = {"quant_method": "awq", "bits": 4, "zero_point": True, "version": "gemm"}
+# Different magnitudes per layer, so a column shifted into the wrong layer's scales shows.
+SIZES_AND_GAINS = ((64, 1.0), (32, 4.0), (48, 0.25))
+
+
+def _layers(
+    group_size: int = 32,
+    sizes_and_gains: tuple[tuple[int, float], ...] = SIZES_AND_GAINS,
+    bias: bool = False,
+    dtype: torch.dtype = torch.float16,
+    num_in: int = 128,
+) -> list[Linear]:
+    cfg = AwqConfig.from_config({**CONFIG, "group_size": group_size})
+    gen = torch.Generator().manual_seed(0)
+    layers = []
+    for i, (num_out, gain) in enumerate(sizes_and_gains):
+        with torch.device(DEVICE):
+            layer = Linear(num_in, num_out, bias, cfg, f"model.layers.0.p{i}", dtype)
+        w = torch.randn(num_out, num_in, generator=gen) * 0.05 * gain
+        for name, tensor in awq_gemm(w, group_size).tensors.items():
+            getattr(layer, name).data.copy_(tensor)
+        if bias:
+            layer.bias.data.copy_(torch.randn(num_out, generator=gen))
+        layer.quant_method.process_weights_after_loading(layer)
+        layers.append(layer)
+    return layers
+
+
+def _x(num_tokens: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(num_tokens, 128, generator=torch.Generator().manual_seed(1)).to(
+        DEVICE, dtype
+    )
+
+
+def _separate(layers: list[Linear], x: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.cat([layer(x) for layer in layers], dim=-1)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_merged_equals_concatenation_torch_path(dtype: torch.dtype, bias: bool) -> None:
+    layers = _layers(bias=bias, dtype=dtype)
+    for layer in layers:
+        layer.awq_use_triton = False
+    x = _x(5, dtype)
+    expected = _separate(layers, x)
+    merged = merge_linears(layers)
+    assert merged is not None and isinstance(merged.quant_method, AwqLinearMethod)
+    assert (merged.qweight.shape, merged.qzeros.shape, merged.scales.shape) == (
+        (128, 18),
+        (4, 18),
+        (4, 144),
+    )
+    with torch.inference_mode():
+        got = merged(x)
+        after = _separate(layers, x)
+    torch.testing.assert_close(
+        got, expected, rtol=1e-5 if dtype == torch.float32 else 2e-3, atol=1e-5
+    )
+    assert torch.equal(after, expected)  # the originals, now on views, compute the same
+    for name in ("qweight", "qzeros", "scales"):
+        ptr = getattr(merged, name).untyped_storage().data_ptr()
+        assert all(getattr(layer, name).untyped_storage().data_ptr() == ptr for layer in layers)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 19])
+def test_merged_equals_concatenation_triton_kernel(num_tokens: int) -> None:
+    layers = _layers(group_size=64, bias=True)
+    for layer in layers:
+        layer.awq_use_triton = True
+    x = _x(num_tokens, torch.float16)
+    expected = _separate(layers, x).float()
+    merged = merge_linears(layers)
+    assert merged is not None and merged.awq_use_triton
+    with torch.inference_mode():
+        got = merged(x).float()
+        after = _separate(layers, x).float()  # the kernel on strided column views
+    bound = 2e-3 * expected.abs().max().item()  # fp16 output rounding, split-K order
+    assert (got - expected).abs().max().item() <= bound
+    assert (after - expected).abs().max().item() <= bound
+    assert not layers[1].qweight.is_contiguous()  # the views really are strided
+
+
+def test_refusals_leave_the_layers_alone() -> None:
+    g32, g64 = _layers(group_size=32), _layers(group_size=64)
+    qweights = [layer.qweight for layer in g32]
+    assert merge_linears([g32[0], g64[1]]) is None  # group sizes differ
+    plain = Linear(128, 32, False, None, "plain", torch.float16).to(DEVICE)
+    assert merge_linears([g32[0], plain]) is None  # AWQ and unquantized
+    g32[1].awq_use_triton = not g32[0].awq_use_triton
+    assert merge_linears(g32) is None  # different kernels
+    assert all(layer.qweight is q for layer, q in zip(g32, qweights, strict=True))
+    assert all(layer.qweight.is_contiguous() for layer in g32)
+
+
+@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "LlamaForCausalLM"])
+def test_tiny_model_gives_the_same_tokens_merged(arch: str, tmp_path: Path) -> None:
+    if DEVICE != "cpu":
+        pytest.skip("builds the model on the CPU")
+    model_dir = build_tiny_model(tmp_path / "m", arch, seed=3)
+    state = quantized_state(model_dir, lambda w: awq_gemm(w, 32))
+    cfg = {**CONFIG, "group_size": 32}
+    separate, merged = (build_model(model_dir, AwqConfig.from_config(cfg), state) for _ in "ab")
+    merged.merge_projections()
+    for layer in merged.model.layers:
+        assert layer.self_attn.qkv_proj is not None and layer.mlp.gate_up_proj is not None
+    prompt = [5, 17, 42, 99, 3, 250, 7, 8]
+    tokens, logits = greedy(separate, prompt, 8)
+    merged_tokens, merged_logits = greedy(merged, prompt, 8)
+    assert merged_tokens == tokens
+    torch.testing.assert_close(merged_logits, logits, rtol=1e-4, atol=1e-4)

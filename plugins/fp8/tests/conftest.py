@@ -1,0 +1,6 @@
+"""Run the fp8 Triton kernels in Triton's interpreter when there is no GPU (with the
+SDK's fixes for the interpreter's fp8 casts; see engine_sdk.testing.triton_interpreter)."""
+
+from engine_sdk.testing.triton_interpreter import enable
+
+enable()

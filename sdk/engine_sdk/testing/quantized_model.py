@@ -1,0 +1,94 @@
+"""A tiny Qwen3 / Llama built through the SDK with quantized linear layers, and greedy
+decoding by repeated prefill (reference attention, CPU, float32).
+
+``quantizer`` maps a projection's float32 weight [out, in] to its checkpoint tensors
+(``None``: keep the float weight, for online quantization; see the fp8 and AWQ plugin tests).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine_sdk.interfaces.model import ModelContext
+from engine_sdk.interfaces.quantization import QuantizationConfig, QuantizationMethod
+from engine_sdk.testing.model_parity import _single_prefill_batch
+from engine_sdk.testing.quantization import Quantizer
+
+MODEL_CLASSES = {
+    "Qwen3ForCausalLM": "engine_qwen3.model:Qwen3ForCausalLM",
+    "LlamaForCausalLM": "engine_llama.model:LlamaForCausalLM",
+}
+PROJECTIONS = tuple(
+    f"{p}.weight"
+    for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+)
+BLOCK_SIZE = 4
+
+
+def quantized_state(model_dir: Path, quantizer: Quantizer | None) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    state = load_file(str(model_dir / "model.safetensors"))
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if quantizer is None or not name.endswith(PROJECTIONS):
+            out[name] = tensor
+            continue
+        prefix = name[: -len("weight")]
+        for param_name, value in quantizer(tensor.float()).tensors.items():
+            out[prefix + param_name] = value
+    return out
+
+
+def build_model(
+    model_dir: Path, quant_config: QuantizationConfig, state: dict[str, torch.Tensor]
+) -> Any:
+    """The model with every parameter loaded and every quantized layer processed."""
+    from engine_reference.backend import ReferenceAttentionBackend
+    from transformers import AutoConfig
+
+    config: Any = AutoConfig.from_pretrained(str(model_dir))
+    module_name, class_name = MODEL_CLASSES[config.architectures[0]].split(":")
+    model_cls = getattr(import_module(module_name), class_name)
+    ctx = ModelContext(
+        hf_config=config,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        block_size=BLOCK_SIZE,
+        make_attention=ReferenceAttentionBackend,
+        quant_config=quant_config,
+    )
+    model = model_cls(ctx).eval()
+    loaded = model.load_weights(state.items())
+    assert loaded == {name for name, _ in model.named_parameters()}
+    for module in model.modules():
+        if isinstance(getattr(module, "quant_method", None), QuantizationMethod):
+            module.quant_method.process_weights_after_loading(module)
+    return model
+
+
+def greedy(model: Any, prompt: list[int], num_new: int) -> tuple[list[int], torch.Tensor]:
+    """Greedy tokens and the last-position logits of every step [num_new, vocab]."""
+    from engine_reference.backend import ReferenceAttentionBackend
+
+    attn: Any = model.model.layers[0].self_attn
+    ids, steps = list(prompt), []
+    for _ in range(num_new):
+        n = len(ids)
+        num_blocks = -(-n // BLOCK_SIZE)
+        shape = ReferenceAttentionBackend.kv_cache_shape(
+            num_blocks, BLOCK_SIZE, attn.num_kv_heads, attn.head_dim
+        )
+        caches = [torch.zeros(shape) for _ in range(model.num_attention_layers())]
+        with torch.inference_mode():
+            hidden = model(
+                torch.tensor(ids), torch.arange(n), caches, _single_prefill_batch(n, num_blocks)
+            )
+            logits = model.compute_logits(hidden[-1:])[0]
+        steps.append(logits)
+        ids.append(int(logits.argmax()))
+    return ids[len(prompt) :], torch.stack(steps)
