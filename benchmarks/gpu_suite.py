@@ -293,7 +293,10 @@ def main() -> None:
             server = start_server(out, qwen, 8011, extra, f"server{mode}.log")
             try:
                 for conc in concs:
-                    profile = GilProfile(out, server.pid) if conc == 256 and not mode else None
+                    # py-spy on the one front-end process (with several, the pid is the
+                    # supervisor's, which only waits).
+                    single = mode == "_api1"
+                    profile = GilProfile(out, server.pid) if conc == 256 and single else None
                     results[f"w3{mode}_c{conc}"] = bench(
                         out,
                         f"w3{mode}_c{conc}",
@@ -310,16 +313,24 @@ def main() -> None:
                 server.wait(60)
 
     def run_w3() -> None:
-        # The engine in its own process (the default), then in a thread of the server
-        # process (--no-engine-process) at concurrency 256 for comparison.
-        serve_w3((("", (), (256, 16)), ("_thread", ("--no-engine-process",), (256,))))
-
-    def run_w3quick() -> None:  # the engine-process server at concurrency 256 only
-        serve_w3((("", (), (256,)),))
-
-    def run_w3multi() -> None:  # several API server processes over one engine process
+        # The default server (on a GPU: two API server processes over the engine process),
+        # one API server process, and the engine in a thread of the server process
+        # (--no-engine-process) at concurrency 256 for comparison.
         serve_w3(
             (
+                ("", (), (256, 16)),
+                ("_api1", ("--api-server-count", "1"), (256,)),
+                ("_thread", ("--no-engine-process",), (256,)),
+            )
+        )
+
+    def run_w3quick() -> None:  # the default server at concurrency 256 only
+        serve_w3((("", (), (256,)),))
+
+    def run_w3multi() -> None:  # one, two and four API server processes
+        serve_w3(
+            (
+                ("_api1", ("--api-server-count", "1"), (256,)),
                 ("_api2", ("--api-server-count", "2"), (256, 16)),
                 ("_api4", ("--api-server-count", "4"), (256,)),
             )
@@ -432,6 +443,7 @@ def print_table(results: dict[str, Any]) -> None:
     for key, label in (
         ("w3_c256", "c=256"),
         ("w3_c16", "c=16"),
+        ("w3_api1_c256", "c=256 1 API server"),
         ("w3_thread_c256", "c=256 thread"),
         ("w3_api2_c256", "c=256 2 API servers"),
         ("w3_api2_c16", "c=16 2 API servers"),

@@ -78,15 +78,15 @@ class ServerArgs:
         True, "Run the engine core in its own process, so HTTP work and the engine do not "
         "share one GIL (off: a thread of the server process).", "server",
     )  # fmt: skip
-    api_server_count: int = arg(
-        1, "HTTP front-end processes sharing the port and one engine process (more than 1 "
-        "spreads tokenizing, detokenizing and streaming over more CPU cores; needs "
-        "--engine-process).", "server",
+    api_server_count: int | None = arg(
+        None, "HTTP front-end processes sharing the port and one engine process (default: 2 "
+        "when the engine runs on a GPU, else 1; more than 1 spreads parsing, tokenizing and "
+        "streaming over more CPU cores and needs --engine-process).", "server",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
         for name in ("max_request_body_bytes", "max_header_bytes", "max_n", "api_server_count"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be at least 1, got {getattr(self, name)}")
         for name in ("request_prepare_timeout",):
@@ -97,11 +97,23 @@ class ServerArgs:
             if getattr(self, name) < 0:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be >= 0 (0: off), got {getattr(self, name)}")
-        if self.api_server_count > 1 and not self.engine_process:
+        if (self.api_server_count or 1) > 1 and not self.engine_process:
             raise ValueError(
                 f"--api-server-count {self.api_server_count} needs the engine in its own "
                 "process: drop --no-engine-process (or use --api-server-count 1)"
             )
+
+
+def resolve_api_server_count(server_args: ServerArgs, device: str) -> int:
+    """``--api-server-count``, or its default: 2 with the engine process on a GPU (one
+    front-end process falls behind a GPU engine under a few hundred streams), else 1."""
+    if server_args.api_server_count is not None:
+        return server_args.api_server_count
+    if not server_args.engine_process or device == "cpu":
+        return 1
+    import torch
+
+    return 2 if torch.cuda.is_available() else 1
 
 
 def parse_token_count(text: str) -> int:

@@ -150,3 +150,17 @@ def test_api_server_count_needs_the_engine_process() -> None:
         parse_serve_args(["--api-server-count", "2", "--no-engine-process"])
     with pytest.raises(UsageError, match="--api-server-count must be at least 1"):
         parse_serve_args(["--api-server-count", "0"])
+
+
+def test_api_server_count_default_follows_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    from engine.server_config import ServerArgs, resolve_api_server_count
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_api_server_count(ServerArgs(), "auto") == 2
+    assert resolve_api_server_count(ServerArgs(), "cuda") == 2
+    assert resolve_api_server_count(ServerArgs(), "cpu") == 1
+    assert resolve_api_server_count(ServerArgs(engine_process=False), "cuda") == 1
+    assert resolve_api_server_count(ServerArgs(api_server_count=3), "cpu") == 3
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_api_server_count(ServerArgs(), "auto") == 1

@@ -76,7 +76,7 @@ def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
 
 def run_api_servers(engine_args: EngineArgs, server_args: ServerArgs) -> None:
     """Serve with ``server_args.api_server_count`` API server processes until a signal."""
-    count = server_args.api_server_count
+    count = server_args.api_server_count or 1
     sockets = bind_sockets(server_args.host, server_args.port, count)
     try:
         engine_proc, conns, ready = start_engine_process(engine_args, count)

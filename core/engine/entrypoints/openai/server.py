@@ -13,6 +13,7 @@ request line plus headers (``--max-header-bytes``); httptools has no such bound.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import socket
@@ -30,7 +31,7 @@ from engine.entrypoints.openai.chat_features import load_chat_features
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.serving_base import ServingContext
 from engine.errors import EngineError
-from engine.server_config import ServerArgs
+from engine.server_config import ServerArgs, resolve_api_server_count
 
 logger = logging.getLogger("engine.server")
 _ABORT_GRACE_S = 5.0
@@ -163,12 +164,17 @@ def run_server(
     engine_factory: Callable[[EngineArgs], Any] | None = None,
 ) -> None:
     """Start the engine, serve until a signal, drain, shut the engine down."""
+    if engine_factory is None:
+        count = resolve_api_server_count(server_args, engine_args.device)
+    elif (server_args.api_server_count or 1) > 1:
+        raise EngineError("--api-server-count > 1 starts its own engine process")
+    else:
+        count = 1
+    server_args = dataclasses.replace(server_args, api_server_count=count)
     logger.info("Resolved configuration:\n%s", describe_config(engine_args, server_args))
     # Parser flags are checked before the (slow) engine start; a bad one exits non-zero.
     features = load_chat_features(engine_args, server_args)
-    if server_args.api_server_count > 1:
-        if engine_factory is not None:
-            raise EngineError("--api-server-count > 1 starts its own engine process")
+    if count > 1:
         from engine.entrypoints.openai.api_servers import run_api_servers
 
         run_api_servers(engine_args, server_args)
