@@ -187,7 +187,11 @@ def dense_causal_attention(
 def fake_quantize_kv(x: torch.Tensor, scale: float, fp8_dtype: torch.dtype) -> torch.Tensor:
     """What an fp8 cache gives back for ``x``: ``fp8(clamp(x / scale)) * scale`` (float64)."""
     limit = torch.finfo(fp8_dtype).max
-    stored = (x.float() / torch.tensor(scale, dtype=torch.float32)).clamp(-limit, limit)
+    # The divisor lives on x's device: a 0-dim CPU tensor would be a "CPU scalar" to a CUDA
+    # op, which multiplies by its reciprocal instead of dividing, and bf16 inputs often sit
+    # where that rounds to the neighbouring fp8 value.
+    divisor = torch.tensor(scale, dtype=torch.float32, device=x.device)
+    stored = (x.float() / divisor).clamp(-limit, limit)
     return stored.to(fp8_dtype).double() * scale
 
 
