@@ -149,6 +149,7 @@ class TritonAttentionBackend(AttentionBackend):
                 HEAD_DIM_P=self.head_dim_p,
                 DOT_PRECISION=precision,
                 FP8=fp8,
+                WINDOW=cfg.sliding_window or 0,
                 num_warps=metadata.num_warps,
             )
         return out.view(num_tokens, cfg.num_heads * cfg.head_dim)

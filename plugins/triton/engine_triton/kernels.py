@@ -99,6 +99,7 @@ def paged_attention_kernel(
     HEAD_DIM_P: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FP8: tl.constexpr = False,
+    WINDOW: tl.constexpr = 0,  # sliding window in tokens (0: none): key pos > query pos - WINDOW
 ):
     work = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -131,7 +132,11 @@ def paged_attention_kernel(
     if FP8:
         qk_scale = qk_scale * tl.load(kv_scales_ptr)
 
-    for start_n in range(0, kv_end, BLOCK_N):
+    kv_start = 0
+    if WINDOW > 0:  # skip the tiles wholly outside the first row's window
+        first_pos = ctx_len + qblock * BLOCK_Q
+        kv_start = tl.maximum(first_pos - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+    for start_n in range(kv_start, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < kv_end
         block_ids = tl.load(
@@ -148,6 +153,8 @@ def paged_attention_kernel(
 
         s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        if WINDOW > 0:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - WINDOW)
         s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, 1))

@@ -10,6 +10,8 @@ from engine_sdk.interfaces.attention import AttentionBatch, AttentionLayerConfig
 from engine_sdk.testing.attention import (
     ATTENTION_CASES,
     FP8_ATTENTION_CASES,
+    AttentionCase,
+    SeqSpec,
     run_attention_case,
 )
 
@@ -119,7 +121,17 @@ def test_matches_dense_reference_half(case, dtype):
 
 # -- the SDK conformance suite, and the fp8 KV cache ----------------------------------------
 
-_SUITE_CASES = [c for c in ATTENTION_CASES if c.sliding_window is None]  # no window support
+# Windows far shorter than the context, so whole key tiles (64 tokens) are skipped: a
+# prefill chunk after a long context, decode past it, and a window smaller than a tile.
+_LONG_WINDOW_CASES = (
+    AttentionCase(
+        "long_context_window",
+        (SeqSpec((150, 1, 1)), SeqSpec((70, 60, 1)), SeqSpec((0, 130, 2))),
+        sliding_window=20,
+    ),
+    AttentionCase("window_of_one", (SeqSpec((80, 1)), SeqSpec((9, 70))), sliding_window=1),
+)
+_SUITE_CASES = [*ATTENTION_CASES, *_LONG_WINDOW_CASES]
 
 
 @pytest.mark.parametrize("case", _SUITE_CASES, ids=lambda c: c.name)
