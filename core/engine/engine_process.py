@@ -34,6 +34,7 @@ from engine.async_llm import AsyncLLM, EngineDeadError, _Abort, _Add
 from engine.config import EngineArgs
 from engine.errors import EngineError, QueueFullError, RequestValidationError, StartupError
 from engine.llm_engine import LLMEngine
+from engine.log_setup import configure_logging
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.outputs_processing import EngineCounters, IterationStats
 from engine.parent_watch import exit_with_parent
@@ -72,15 +73,12 @@ def _to_update(out: RequestOutput, send_prompt_logprobs: bool) -> _Update:
 # -- the engine process ---------------------------------------------------------------------
 
 
-def engine_process_main(conns: Any, args: EngineArgs, log_level: int, parent_pid: int) -> None:
+def engine_process_main(
+    clients: list[Any], args: EngineArgs, log_level: int, parent_pid: int
+) -> None:
     """Entry point of the engine process: build the engine, then serve its clients' pipes
-    (one per API server process; a single connection is one client)."""
-    clients = list(conns) if isinstance(conns, (list, tuple)) else [conns]
-    logging.basicConfig(
-        level=log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%Y-%m-%d %H:%M:%S",
-    )
+    (one per API server process)."""
+    configure_logging(log_level)
     # The server process owns the lifecycle (it drains on SIGTERM / Ctrl-C, then stops this
     # process through the pipe): a signal sent to the whole process group must not kill
     # the engine under requests that are still draining.

@@ -20,6 +20,7 @@ import typer
 
 from engine.cli.serve_args import UsageError, parse_serve_args
 from engine.config import EngineArgs
+from engine.log_setup import configure_logging
 from engine.server_config import DEFAULT_MODEL_DIST, DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
 
 logger = logging.getLogger("engine.server")
@@ -71,13 +72,7 @@ def setup_logging(level: str) -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise UsageError(f"--log-level: unknown level {level!r}; use debug, info, warning, error")
-    logging.basicConfig(
-        level=numeric,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%Y-%m-%d %H:%M:%S",
-        stream=sys.stderr,
-        force=True,
-    )
+    configure_logging(numeric)
 
 
 def serve_main(argv: list[str], engine_factory: Callable[[EngineArgs], Any] | None = None) -> int:

@@ -39,6 +39,7 @@ from engine.engine_process import (
     start_engine_process,
 )
 from engine.errors import EngineError
+from engine.log_setup import configure_logging
 from engine.parent_watch import exit_with_parent
 from engine.server_config import ServerArgs
 
@@ -173,12 +174,7 @@ def api_server_main(
 ) -> None:
     """Entry point of one API server process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor forwards Ctrl-C
-    logging.basicConfig(
-        level=log_level,
-        format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s",
-        datefmt="%Y-%m-%d %H:%M:%S",
-        stream=sys.stderr,
-    )
+    configure_logging(log_level, f"[{index}]")
     exit_with_parent(parent_pid, "parent-watch")
     from engine.entrypoints.openai.chat_features import load_chat_features
     from engine.entrypoints.openai.server import _GIL_SWITCH_INTERVAL_S, serve_engine

@@ -203,9 +203,9 @@ def serve_engine(
 ) -> None:
     """Serve ``engine_client`` over HTTP until a signal (or the watchdog), then shut it down.
 
-    ``sockets``: an already bound listening socket shared by several API server processes
-    (``api_server_index`` says which one this is; it ignores SIGINT, which its supervisor
-    forwards as SIGTERM)."""
+    ``sockets``: this API server's socket, already bound to the port it shares with the
+    other API server processes (``api_server_index`` says which one this is; it ignores
+    SIGINT, which its supervisor forwards as SIGTERM)."""
     server: EngineServer | None = None
     try:
         names = server_args.served_model_name or [default_served_name(engine_args.model)]
