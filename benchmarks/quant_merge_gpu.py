@@ -29,25 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _import_paths() -> None:
-    """Use installed packages when present, else the tree's source folders."""
-    for folder in ("sdk", "plugins/fp8", "plugins/awq"):
-        path = str(REPO / folder)
-        if path not in sys.path:
-            sys.path.append(path)
-
-
-_import_paths()
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -56,6 +42,10 @@ from engine_awq.packing import awq_quantize  # noqa: E402
 from engine_fp8 import quant_ops, triton_quant  # noqa: E402
 from engine_fp8.config import Fp8Config  # noqa: E402
 from engine_sdk.layers.linear import Linear, merge_linears  # noqa: E402
+
+# quant_gpu (this folder) puts the tree's source folders on sys.path when the packages are
+# not installed, and has the table and commit helpers.
+from quant_gpu import _git_commit, _table  # noqa: E402
 
 SHAPES: dict[str, dict[str, Any]] = {
     "Qwen3-0.6B": {"hidden": 1024, "qkv": (2048, 1024, 1024), "gate_up": (3072, 3072)},
@@ -233,17 +223,6 @@ def _us(fn: Callable[[], Any]) -> float:
 # -- driver ---------------------------------------------------------------------------
 
 
-def _table(rows: list[dict[str, Any]], keys: list[str]) -> str:
-    def cell(v: Any) -> str:
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-    cells = [[cell(r.get(k, "-")) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
-
-
 def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One line per (model, group, tokens): graph-mode ms of each method, separate/merged."""
     out: dict[tuple, dict[str, Any]] = {}
@@ -255,14 +234,6 @@ def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         line[f"{r['method']}_sep"] = r["sep_graph_ms"]
         line[f"{r['method']}_mrg"] = r.get("merged_graph_ms")
     return list(out.values())
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO)
-        return out.stdout.strip() or None
-    except OSError:
-        return None
 
 
 def main() -> int:

@@ -13,6 +13,7 @@ from engine_awq.config import AwqConfig
 from engine_awq.method import AwqLinearMethod
 from engine_sdk.layers.linear import Linear, merge_linears
 from engine_sdk.testing.models import build_tiny_model
+from engine_sdk.testing.quantization import quantized_linears
 from engine_sdk.testing.quantized_model import build_model, greedy, quantized_state
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -26,22 +27,12 @@ def _layers(
     sizes_and_gains: tuple[tuple[int, float], ...] = SIZES_AND_GAINS,
     bias: bool = False,
     dtype: torch.dtype = torch.float16,
-    num_in: int = 128,
 ) -> list[Linear]:
     cfg = AwqConfig.from_config({**CONFIG, "group_size": group_size})
-    gen = torch.Generator().manual_seed(0)
-    layers = []
-    for i, (num_out, gain) in enumerate(sizes_and_gains):
-        with torch.device(DEVICE):
-            layer = Linear(num_in, num_out, bias, cfg, f"model.layers.0.p{i}", dtype)
-        w = torch.randn(num_out, num_in, generator=gen) * 0.05 * gain
-        for name, tensor in awq_gemm(w, group_size).tensors.items():
-            getattr(layer, name).data.copy_(tensor)
-        if bias:
-            layer.bias.data.copy_(torch.randn(num_out, generator=gen))
-        layer.quant_method.process_weights_after_loading(layer)
-        layers.append(layer)
-    return layers
+    return quantized_linears(
+        cfg, lambda w: awq_gemm(w, group_size), sizes_and_gains, bias=bias, dtype=dtype,
+        device=DEVICE,
+    )  # fmt: skip
 
 
 def _x(num_tokens: int, dtype: torch.dtype) -> torch.Tensor:

@@ -7,11 +7,27 @@ the float32 weight they represent (``fp8 value * scale``).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from engine_sdk.testing.quantization import QuantizedWeights
 
 E4M3_MAX = 448.0
+DYNAMIC_TOKEN = {"num_bits": 8, "type": "float", "dynamic": True, "strategy": "token"}
+DYNAMIC_TENSOR = {"num_bits": 8, "type": "float", "dynamic": True, "strategy": "tensor"}
+STATIC = {"num_bits": 8, "type": "float", "dynamic": False, "strategy": "tensor"}
+
+
+def ct_config(weights: dict[str, Any], acts: dict[str, Any] | None) -> dict[str, Any]:
+    """A compressed-tensors float8 ``quantization_config`` with one group for all Linears."""
+    group = {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", **weights}}
+    group["input_activations"] = acts
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {"group_0": group},
+        "ignore": ["lm_head"],
+    }
 
 
 def _cast(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

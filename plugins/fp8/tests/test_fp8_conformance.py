@@ -16,22 +16,15 @@ from engine_sdk.testing.quantization import (
     Tolerance,
     run_quantization_case,
 )
-from fp8_formats import per_block, per_channel, per_tensor, with_input_scale
-
-
-def _ct(weights: dict[str, Any], acts: dict[str, Any] | None) -> dict[str, Any]:
-    group = {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", **weights}}
-    group["input_activations"] = acts
-    return {
-        "quant_method": "compressed-tensors",
-        "format": "float-quantized",
-        "config_groups": {"group_0": group},
-        "ignore": ["lm_head"],
-    }
-
-
-DYNAMIC_TOKEN = {"num_bits": 8, "type": "float", "dynamic": True, "strategy": "token"}
-STATIC = {"num_bits": 8, "type": "float", "dynamic": False, "strategy": "tensor"}
+from fp8_formats import (
+    DYNAMIC_TOKEN,
+    STATIC,
+    ct_config,
+    per_block,
+    per_channel,
+    per_tensor,
+    with_input_scale,
+)
 
 # (id, config class, config, quantizer or None for online)
 LAYOUTS = [
@@ -59,31 +52,31 @@ LAYOUTS = [
     (
         "ct_tensor_dynamic",
         CompressedTensorsConfig,
-        _ct({"strategy": "tensor"}, DYNAMIC_TOKEN),
+        ct_config({"strategy": "tensor"}, DYNAMIC_TOKEN),
         lambda w: per_tensor(w, (1,)),
     ),
     (
         "ct_channel_dynamic",
         CompressedTensorsConfig,
-        _ct({"strategy": "channel"}, DYNAMIC_TOKEN),
+        ct_config({"strategy": "channel"}, DYNAMIC_TOKEN),
         per_channel,
     ),
     (
         "ct_tensor_static",
         CompressedTensorsConfig,
-        _ct({"strategy": "tensor"}, STATIC),
+        ct_config({"strategy": "tensor"}, STATIC),
         lambda w: with_input_scale(per_tensor(w, (1,))),
     ),
     (
         "ct_channel_weight_only",
         CompressedTensorsConfig,
-        _ct({"strategy": "channel"}, None),
+        ct_config({"strategy": "channel"}, None),
         per_channel,
     ),
     (
         "ct_block",
         CompressedTensorsConfig,
-        _ct({"strategy": "block", "block_structure": [32, 64]}, DYNAMIC_TOKEN),
+        ct_config({"strategy": "block", "block_structure": [32, 64]}, DYNAMIC_TOKEN),
         lambda w: per_block(w, (32, 64), "weight_scale"),
     ),
 ]

@@ -8,7 +8,6 @@ kernels must produce the same fp8 bytes and scales as the torch reference.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -18,18 +17,19 @@ from engine_fp8.config import Fp8Config
 from engine_fp8.method import Fp8LinearMethod
 from engine_sdk.layers.linear import Linear, merge_linears
 from engine_sdk.testing.models import build_tiny_model
+from engine_sdk.testing.quantization import quantized_linears
 from engine_sdk.testing.quantized_model import build_model, greedy, quantized_state
-from fp8_formats import per_block, per_channel, per_tensor, with_input_scale
+from fp8_formats import (
+    DYNAMIC_TENSOR,
+    DYNAMIC_TOKEN,
+    ct_config,
+    per_block,
+    per_channel,
+    per_tensor,
+    with_input_scale,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DYNAMIC_TOKEN = {"num_bits": 8, "type": "float", "dynamic": True, "strategy": "token"}
-DYNAMIC_TENSOR = {"num_bits": 8, "type": "float", "dynamic": True, "strategy": "tensor"}
-
-
-def _ct(weights: dict[str, Any], acts: dict[str, Any] | None) -> dict[str, Any]:
-    group = {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", **weights}}
-    group["input_activations"] = acts
-    return {"quant_method": "compressed-tensors", "config_groups": {"group_0": group}}
 
 
 # (id, config class, config, quantizer or None for online)
@@ -52,19 +52,19 @@ LAYOUTS = [
     (
         "ct_channel_token",
         CompressedTensorsConfig,
-        _ct({"strategy": "channel"}, DYNAMIC_TOKEN),
+        ct_config({"strategy": "channel"}, DYNAMIC_TOKEN),
         per_channel,
     ),
     (
         "ct_tensor_tensor",
         CompressedTensorsConfig,
-        _ct({"strategy": "tensor"}, DYNAMIC_TENSOR),
+        ct_config({"strategy": "tensor"}, DYNAMIC_TENSOR),
         lambda w: per_tensor(w, (1,)),
     ),
     (
         "ct_channel_weight_only",
         CompressedTensorsConfig,
-        _ct({"strategy": "channel"}, None),
+        ct_config({"strategy": "channel"}, None),
         per_channel,
     ),
 ]
@@ -78,27 +78,12 @@ def _layers(
     sizes_and_gains: tuple[tuple[int, float], ...] = SIZES_AND_GAINS,
     bias: bool = False,
     dtype: torch.dtype = torch.float32,
-    num_in: int = 128,
 ) -> list[Linear]:
     _, config_cls, config, quantizer = layout
     quant_config = config_cls.from_config(config)
-    gen = torch.Generator().manual_seed(0)
-    layers = []
-    for i, (num_out, gain) in enumerate(sizes_and_gains):
-        with torch.device(DEVICE):
-            layer = Linear(num_in, num_out, bias, quant_config, f"model.layers.0.p{i}", dtype)
-        w = torch.randn(num_out, num_in, generator=gen) * 0.05 * gain
-        if quantizer is None:
-            layer.weight.data.copy_(w)
-        else:
-            for name, tensor in quantizer(w).tensors.items():
-                param = getattr(layer, name)
-                param.weight_loader(param, tensor.to(DEVICE))
-        if bias:
-            layer.bias.data.copy_(torch.randn(num_out, generator=gen))
-        layer.quant_method.process_weights_after_loading(layer)
-        layers.append(layer)
-    return layers
+    return quantized_linears(
+        quant_config, quantizer, sizes_and_gains, bias=bias, dtype=dtype, device=DEVICE
+    )
 
 
 def _x(num_tokens: int, dtype: torch.dtype, num_in: int = 128) -> torch.Tensor:

@@ -7,6 +7,7 @@ prefill through their ``ModelArchitecture`` on the CPU and compares the logits w
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,15 @@ import torch
 
 from engine_sdk.interfaces.attention import AttentionBackend, AttentionBatch
 from engine_sdk.interfaces.model import ModelArchitecture, ModelContext
+from engine_sdk.layers.decoder import head_dim_of
 from engine_sdk.testing.models import build_tiny_model
 
-__all__ = ["assert_logits_match_transformers", "prefill_logits"]
+__all__ = [
+    "assert_logits_match_transformers",
+    "load_float32_model",
+    "model_prefill_logits",
+    "prefill_logits",
+]
 
 
 def _single_prefill_batch(num_tokens: int, num_blocks: int) -> AttentionBatch:
@@ -36,6 +43,49 @@ def _single_prefill_batch(num_tokens: int, num_blocks: int) -> AttentionBatch:
     )
 
 
+def load_float32_model(
+    model_cls: type[ModelArchitecture],
+    config: Any,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    backend_cls: type[AttentionBackend],
+    block_size: int = 4,
+    quant_config: Any = None,
+) -> Any:
+    """``model_cls`` in float32 on the CPU with ``weights`` loaded; every parameter must load."""
+    ctx = ModelContext(
+        hf_config=config,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        block_size=block_size,
+        make_attention=backend_cls,
+        quant_config=quant_config,
+    )
+    model = model_cls(ctx).eval()
+    loaded = model.load_weights(weights)
+    assert loaded == {name for name, _ in model.named_parameters()}
+    return model
+
+
+def model_prefill_logits(
+    model: Any,
+    prompt: list[int],
+    backend_cls: type[AttentionBackend],
+    kv_heads_and_head_dim: tuple[int, int],
+    block_size: int = 4,
+) -> torch.Tensor:
+    """float32 logits [len(prompt), vocab] of one prefill of ``prompt`` (fresh caches)."""
+    n = len(prompt)
+    num_blocks = -(-n // block_size)
+    shape = backend_cls.kv_cache_shape(num_blocks, block_size, *kv_heads_and_head_dim)
+    caches = [torch.zeros(shape) for _ in range(model.num_attention_layers())]
+    with torch.inference_mode():
+        hidden = model(
+            torch.tensor(prompt), torch.arange(n), caches, _single_prefill_batch(n, num_blocks)
+        )
+        logits: torch.Tensor = model.compute_logits(hidden)
+        return logits
+
+
 def prefill_logits(
     model_cls: type[ModelArchitecture],
     model_dir: Path,
@@ -48,26 +98,10 @@ def prefill_logits(
     from transformers import AutoConfig
 
     config: Any = AutoConfig.from_pretrained(str(model_dir))
-    ctx = ModelContext(
-        hf_config=config,
-        dtype=torch.float32,
-        device=torch.device("cpu"),
-        block_size=block_size,
-        make_attention=backend_cls,
-    )
-    model = model_cls(ctx).eval()
-    loaded = model.load_weights(load_file(str(model_dir / "model.safetensors")).items())
-    assert loaded == {name for name, _ in model.named_parameters()}
-    n = len(prompt)
-    num_blocks = -(-n // block_size)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    shape = backend_cls.kv_cache_shape(num_blocks, block_size, config.num_key_value_heads, head_dim)
-    caches = [torch.zeros(shape) for _ in range(model.num_attention_layers())]
-    with torch.inference_mode():
-        hidden = model(
-            torch.tensor(prompt), torch.arange(n), caches, _single_prefill_batch(n, num_blocks)
-        )
-        return model.compute_logits(hidden)
+    weights = load_file(str(model_dir / "model.safetensors")).items()
+    model = load_float32_model(model_cls, config, weights, backend_cls, block_size)
+    kv_shape = (config.num_key_value_heads, head_dim_of(config))
+    return model_prefill_logits(model, prompt, backend_cls, kv_shape, block_size)
 
 
 def assert_logits_match_transformers(

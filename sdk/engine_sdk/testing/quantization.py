@@ -51,6 +51,7 @@ __all__ = [
     "Tolerance",
     "check_quantization_method",
     "default_tolerance",
+    "quantized_linears",
     "run_quantization_case",
 ]
 
@@ -147,6 +148,33 @@ def _fill(layer: Linear, weight: torch.Tensor, quantizer: Quantizer | None) -> t
     if unfilled:
         raise AssertionError(f"the quantizer did not fill parameters {sorted(unfilled)}")
     return quantized.dequantized.float()
+
+
+def quantized_linears(
+    quant_config: QuantizationConfig,
+    quantizer: Quantizer | None,
+    sizes_and_gains: tuple[tuple[int, float], ...],
+    num_in: int = 128,
+    bias: bool = False,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> list[Linear]:
+    """Linears reading one input, as q/k/v or gate/up do (for merge tests): one per
+    ``(output size, gain)``, random weights times ``gain`` (so a column that lands in the
+    wrong layer's scales shows), loaded through ``quantizer`` (None: the method quantizes
+    the float weight itself) and processed. Seeded: the same arguments give the same layers.
+    """
+    gen = torch.Generator().manual_seed(0)
+    layers = []
+    for i, (num_out, gain) in enumerate(sizes_and_gains):
+        with torch.device(device):
+            layer = Linear(num_in, num_out, bias, quant_config, f"model.layers.0.p{i}", dtype)
+        _fill(layer, torch.randn(num_out, num_in, generator=gen) * 0.05 * gain, quantizer)
+        if bias:
+            layer.bias.data.copy_(torch.randn(num_out, generator=gen))
+        layer.quant_method.process_weights_after_loading(layer)
+        layers.append(layer)
+    return layers
 
 
 def _dequantize_via_method(layer: Linear, what: str) -> torch.Tensor:

@@ -13,9 +13,8 @@ from typing import Any
 
 import torch
 
-from engine_sdk.interfaces.model import ModelContext
 from engine_sdk.interfaces.quantization import QuantizationConfig, QuantizationMethod
-from engine_sdk.testing.model_parity import _single_prefill_batch
+from engine_sdk.testing.model_parity import load_float32_model, model_prefill_logits
 from engine_sdk.testing.quantization import Quantizer
 
 MODEL_CLASSES = {
@@ -54,17 +53,9 @@ def build_model(
     config: Any = AutoConfig.from_pretrained(str(model_dir))
     module_name, class_name = MODEL_CLASSES[config.architectures[0]].split(":")
     model_cls = getattr(import_module(module_name), class_name)
-    ctx = ModelContext(
-        hf_config=config,
-        dtype=torch.float32,
-        device=torch.device("cpu"),
-        block_size=BLOCK_SIZE,
-        make_attention=ReferenceAttentionBackend,
-        quant_config=quant_config,
+    model = load_float32_model(
+        model_cls, config, state.items(), ReferenceAttentionBackend, BLOCK_SIZE, quant_config
     )
-    model = model_cls(ctx).eval()
-    loaded = model.load_weights(state.items())
-    assert loaded == {name for name, _ in model.named_parameters()}
     for module in model.modules():
         if isinstance(getattr(module, "quant_method", None), QuantizationMethod):
             module.quant_method.process_weights_after_loading(module)
@@ -76,19 +67,10 @@ def greedy(model: Any, prompt: list[int], num_new: int) -> tuple[list[int], torc
     from engine_reference.backend import ReferenceAttentionBackend
 
     attn: Any = model.model.layers[0].self_attn
+    kv_shape = (attn.num_kv_heads, attn.head_dim)
     ids, steps = list(prompt), []
     for _ in range(num_new):
-        n = len(ids)
-        num_blocks = -(-n // BLOCK_SIZE)
-        shape = ReferenceAttentionBackend.kv_cache_shape(
-            num_blocks, BLOCK_SIZE, attn.num_kv_heads, attn.head_dim
-        )
-        caches = [torch.zeros(shape) for _ in range(model.num_attention_layers())]
-        with torch.inference_mode():
-            hidden = model(
-                torch.tensor(ids), torch.arange(n), caches, _single_prefill_batch(n, num_blocks)
-            )
-            logits = model.compute_logits(hidden[-1:])[0]
-        steps.append(logits)
-        ids.append(int(logits.argmax()))
+        logits = model_prefill_logits(model, ids, ReferenceAttentionBackend, kv_shape, BLOCK_SIZE)
+        steps.append(logits[-1])
+        ids.append(int(logits[-1].argmax()))
     return ids[len(prompt) :], torch.stack(steps)
