@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 from engine_sdk.interfaces.quantization import QuantizationConfig, QuantizationMethod
+from engine_sdk.runtime import triton_available
 
-from engine_awq.method import AwqLinearMethod, triton_available
+from engine_awq.method import AwqLinearMethod
 
 __all__ = ["AwqConfig"]
 

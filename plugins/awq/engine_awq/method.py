@@ -27,20 +27,13 @@ from collections.abc import Sequence
 import torch
 from engine_sdk.interfaces.quantization import QuantizationMethod
 from engine_sdk.layers.linear import share_merged
+from engine_sdk.runtime import triton_available
 
 from engine_awq.packing import PACK_FACTOR, awq_dequantize
 
-__all__ = ["AwqLinearMethod", "TRITON_MAX_TOKENS", "triton_available"]
+__all__ = ["AwqLinearMethod", "TRITON_MAX_TOKENS"]
 
 TRITON_MAX_TOKENS = 256
-
-
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _exact_loader(layer_name: str):  # type: ignore[no-untyped-def]

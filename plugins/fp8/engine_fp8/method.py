@@ -40,10 +40,11 @@ from dataclasses import dataclass, replace
 import torch
 from engine_sdk.interfaces.quantization import QuantizationMethod
 from engine_sdk.layers.linear import share_merged
+from engine_sdk.runtime import triton_available
 
 from engine_fp8 import quant_ops
 
-__all__ = ["Fp8LinearMethod", "Fp8Scheme", "has_fp8_matrix_units", "triton_available"]
+__all__ = ["Fp8LinearMethod", "Fp8Scheme", "has_fp8_matrix_units"]
 
 WEIGHT_STRATEGIES = ("tensor", "channel", "block")
 ACTIVATION_STRATEGIES = ("tensor", "token")
@@ -92,14 +93,6 @@ def has_fp8_matrix_units(device: torch.device) -> bool:
         return False
     major, minor = torch.cuda.get_device_capability(device)
     return major * 10 + minor >= FP8_MIN_CAPABILITY
-
-
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _scale_loader(layer_name: str):  # type: ignore[no-untyped-def]
