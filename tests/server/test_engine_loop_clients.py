@@ -83,25 +83,32 @@ def _finished(msgs: list[tuple[Any, ...]]) -> set[str]:
 
 
 def test_two_clients_get_their_own_updates_and_all_stats() -> None:
-    engine = FakeEngine()
+    engine = FakeEngine(length=10_000)  # runs until aborted: the duplicate meets it running
     (a, a_child), (b, b_child) = multiprocessing.Pipe(), multiprocessing.Pipe()
     loop = threading.Thread(target=_EngineLoop(engine, [a_child, b_child]).run, daemon=True)
     loop.start()
     a.send(_add("r1"))
+    msgs_a = _recv_until(a, lambda ms: ("added", "r1", None) in ms)
     b.send(_add("r2"))
     b.send(_add("r1"))  # already running for client a
-    msgs_a = _recv_until(a, lambda ms: "r1" in _finished(ms))
-    msgs_b = _recv_until(b, lambda ms: "r2" in _finished(ms))
+    msgs_b = _recv_until(b, lambda ms: any(m[0] == "added" and m[1] == "r1" for m in ms))
+    refused = [m for m in msgs_b if m[0] == "added" and m[1] == "r1"]
+    assert refused[0][2][0] == "RequestValidationError", msgs_b
+    a.send(("abort", ["r1", "r2"]))  # r2 is not a's: only r1 ends
+    msgs_a += _recv_until(a, lambda ms: "r1" in _finished(ms))
+    b.send(("abort", ["r2"]))
+    msgs_b += _recv_until(b, lambda ms: "r2" in _finished(ms))
     ids_a = {u[0] for m in msgs_a if m[0] == "step" for u in m[1]}
     ids_b = {u[0] for m in msgs_b if m[0] == "step" for u in m[1]}
     assert ids_a == {"r1"} and ids_b == {"r2"}
-    assert ("added", "r1", None) in msgs_a and ("added", "r2", None) in msgs_b
-    refused = [m for m in msgs_b if m[0] == "added" and m[1] == "r1"]
-    assert refused and refused[0][2][0] == "RequestValidationError", msgs_b
-    # Both clients see every step's iteration stats, even steps with none of their tokens.
+    assert ("added", "r2", None) in msgs_b
+    assert engine.aborted == ["r1", "r2"]
+    # Each client sees every step's iteration stats from the first step on, including
+    # steps that carried none of its own tokens.
     steps_a = [it.step for m in msgs_a if m[0] == "step" for it in m[4]]
     steps_b = [it.step for m in msgs_b if m[0] == "step" for it in m[4]]
-    assert steps_a == steps_b == list(range(1, engine.steps + 1))
+    assert steps_a and steps_a == list(range(1, len(steps_a) + 1))
+    assert steps_b and steps_b == list(range(1, len(steps_b) + 1))
     a.send(("stop",))
     b.send(("stop",))
     loop.join(10)
