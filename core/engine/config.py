@@ -66,6 +66,12 @@ class EngineArgs:
     device: str = arg("auto", "auto, cpu or cuda.", "execution")
     attention_backend: str | None = arg(None, "Attention backend plugin name.", "execution")
     enforce_eager: bool = arg(False, "Disable CUDA graphs.", "execution")
+    async_scheduling: bool = arg(
+        True,
+        "Schedule and prepare the next step while the device runs the current one "
+        "(--no-async-scheduling: one step at a time). Tensor parallelism runs synchronously.",
+        "execution",
+    )
     tensor_parallel_size: int = arg(1, "Number of GPUs to shard the model over.", "execution")
     max_logprobs: int = arg(20, "Most logprobs a request may ask for.", "execution")
     # plugins

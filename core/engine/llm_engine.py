@@ -86,7 +86,9 @@ class LLMEngine:
             enable_prefix_caching=args.enable_prefix_caching,
             hash_algo=args.prefix_caching_hash_algo,
         )
-        core = EngineCore(Scheduler(scheduler_config, kv_cache_config), runner)
+        core = EngineCore(
+            Scheduler(scheduler_config, kv_cache_config), runner, _async_runner(args, runner)
+        )
         engine = cls._assemble(args, pm, source, core, runner.max_model_len, runner.vocab_size)
         engine._log_config(args, scheduler_config, kv_cache_config)
         # Startup objects (weights' Python wrappers, tokenizer tables) live for the whole
@@ -336,6 +338,22 @@ class LLMEngine:
                 listener(it)
             except Exception:
                 logger.exception("stats listener %r failed; continuing", listener)
+
+
+def _async_runner(args: EngineArgs, runner: Any) -> Any:
+    """The runner when it steps asynchronously (``--async-scheduling``, one process), else
+    None. Tensor-parallel workers each sample, so a placeholder would need the same token on
+    every rank; they step synchronously."""
+    from engine.model_executor.runner import ModelRunner
+
+    if not args.async_scheduling:
+        logger.info("async scheduling off (--no-async-scheduling)")
+        return None
+    if not isinstance(runner, ModelRunner):
+        logger.info("async scheduling off: %s steps synchronously", type(runner).__name__)
+        return None
+    logger.info("async scheduling on: the next step is prepared while the device runs one")
+    return runner
 
 
 def _make_runner(args: EngineArgs, pm: Any, source: Any) -> Any:

@@ -18,8 +18,16 @@ from engine.core.outputs import EngineCoreOutput
 from engine.core.request import ReqId, Request
 from engine.core.scheduler import Scheduler
 from engine.core.scheduler_config import SchedulerConfig
-from engine.core.scheduler_output import Logprobs, ModelRunnerOutput, SchedulerOutput
+from engine.core.scheduler_output import (
+    PLACEHOLDER_TOKEN_ID,
+    Logprobs,
+    ModelRunnerOutput,
+    SchedulerOutput,
+)
 from engine.sampling_params import SamplingParams
+
+# make_core's default for async scheduling; tests/core/conftest.py runs every test both ways.
+ASYNC_SCHEDULING = [False]
 
 
 def next_token(seq: list[int]) -> int:
@@ -58,6 +66,15 @@ class FakeKVRunner:
 
     def __post_init__(self) -> None:
         self.kv: list[list[int | None]] = [[None] * self.block_size for _ in range(self.num_blocks)]
+        # "Device" state for async scheduling: the last step's sampled ids, which stand in
+        # for the placeholder inputs of the next step.
+        self.prev_sampled: dict[str, int] = {}
+        self.num_placeholder_inputs = 0
+
+    def execute_async(self, scheduler_output: SchedulerOutput) -> _Ready:
+        """Runs the step at launch, as a device runs launched work in order; the host gets
+        the result later."""
+        return _Ready(self.execute(scheduler_output))
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         assert not scheduler_output.is_empty, "the engine must not run an empty schedule"
@@ -77,6 +94,10 @@ class FakeKVRunner:
         )
         for s in scheduler_output.scheduled:  # write the new tokens' "KV"
             for k, token in enumerate(s.token_ids):
+                if token == PLACEHOLDER_TOKEN_ID:
+                    assert k == len(s.token_ids) - 1, "only the last input is a placeholder"
+                    token = self.prev_sampled[s.req_id]
+                    self.num_placeholder_inputs += 1
                 pos = s.start_position + k
                 block_id = s.block_ids[pos // bs]
                 assert block_id != 0, "the null block must never hold a request's tokens"
@@ -85,7 +106,8 @@ class FakeKVRunner:
         for s in scheduler_output.scheduled:  # "attend" over everything up to the chunk end
             end = s.start_position + s.num_tokens
             seq = [self.kv[s.block_ids[p // bs]][p % bs] for p in range(end)]
-            assert seq == s.request.all_token_ids[:end], f"{s.req_id}: KV read back is wrong"
+            known = min(end, s.request.num_tokens)  # the host may lag by a token in flight
+            assert seq[:known] == s.request.all_token_ids[:known], f"{s.req_id}: KV is wrong"
             params = s.request.sampling_params
             if s.sample:
                 token = next_token(seq)
@@ -101,7 +123,16 @@ class FakeKVRunner:
                 ]
                 if entries:
                     out.prompt_logprobs[s.req_id] = entries
+        self.prev_sampled = dict(out.sampled_token_ids)
         return out
+
+
+@dataclass
+class _Ready:
+    output: ModelRunnerOutput
+
+    def result(self) -> ModelRunnerOutput:
+        return self.output
 
 
 def make_core(
@@ -113,6 +144,7 @@ def make_core(
     max_model_len: int = 64,
     enable_prefix_caching: bool = True,
     hash_algo: str = "sha256",
+    async_scheduling: bool | None = None,
     **scheduler_kwargs: object,
 ) -> tuple[EngineCore, FakeKVRunner]:
     scheduler = Scheduler(
@@ -125,7 +157,9 @@ def make_core(
         KVCacheConfig(num_blocks, block_size, enable_prefix_caching, hash_algo),
     )
     runner = FakeKVRunner(num_blocks, block_size)
-    return EngineCore(scheduler, runner), runner
+    if async_scheduling is None:
+        async_scheduling = ASYNC_SCHEDULING[0]
+    return EngineCore(scheduler, runner, runner if async_scheduling else None), runner
 
 
 def make_request(

@@ -81,10 +81,14 @@ def test_greedy_matches_hf_with_prefix_caching(arch: str, model_dirs: dict, hf_r
     assert sum(o.num_cached_tokens for o in again) > 0
 
 
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_matches_hf_with_chunked_prefill(arch: str, model_dirs: dict, hf_refs: dict) -> None:
+def test_greedy_matches_hf_with_chunked_prefill(
+    arch: str, async_scheduling: bool, model_dirs: dict, hf_refs: dict
+) -> None:
     llm = LLM(
         str(model_dirs[arch]),
+        async_scheduling=async_scheduling,
         kv_cache_memory_bytes=1 << 20,
         max_num_batched_tokens=16,
         max_num_seqs=4,
@@ -103,8 +107,11 @@ def _tiny_pool_bytes(model_dir: Path, num_blocks: int) -> int:
     return int(per_block() if callable(per_block) else per_block) * num_blocks
 
 
+@pytest.mark.parametrize("async_scheduling", [True, False], ids=["async", "sync"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_matches_hf_under_preemption(arch: str, model_dirs: dict, hf_refs: dict) -> None:
+def test_greedy_matches_hf_under_preemption(
+    arch: str, async_scheduling: bool, model_dirs: dict, hf_refs: dict
+) -> None:
     path = model_dirs[arch]
     # 17 blocks of 4 tokens (16 usable: block 0 is reserved) for ten sequences of up to
     # ~45 tokens each: running sequences run out of blocks while decoding, so the
@@ -112,6 +119,7 @@ def test_greedy_matches_hf_under_preemption(arch: str, model_dirs: dict, hf_refs
     llm = LLM(
         str(path),
         kv_cache_memory_bytes=_tiny_pool_bytes(path, 17),
+        async_scheduling=async_scheduling,
         max_model_len=64,
         enable_prefix_caching=False,
         **BASE,

@@ -47,6 +47,10 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     first_scheduled_time: float | None = None
+    # Tokens sampled on the device whose values the host does not know yet (async
+    # scheduling: the step that samples them is still running). At most one per step in
+    # flight; the scheduler counts them as part of the sequence.
+    num_output_placeholders: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -63,3 +67,18 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def needs_host_history(self) -> bool:
+        """Whether sampling this request's next token needs its previous token on the host:
+        penalties (token counts), ``min_tokens`` (output length) and structured outputs
+        (the grammar state). The engine does not schedule such a request ahead of its
+        previous step's result."""
+        params = self.sampling_params
+        return (
+            params.structured_outputs is not None
+            or params.min_tokens > len(self.output_token_ids)
+            or params.repetition_penalty != 1.0
+            or params.presence_penalty != 0.0
+            or params.frequency_penalty != 0.0
+        )

@@ -11,9 +11,19 @@ There are no prefill and decode phases. Each step fills one token budget
    its prefix-cache hit; a prompt larger than the remaining budget gets a chunk of it
    (or waits, without chunked prefill). Skipped in a step that preempted.
 
-``update_from_output`` applies what the runner computed: advances ``num_computed_tokens``,
-caches newly full blocks, appends the sampled tokens and checks the stop conditions.
-Not thread-safe: one engine loop drives it.
+``schedule`` advances each scheduled request's ``num_computed_tokens`` at once and counts
+the token its step will sample as a placeholder (``Request.num_output_placeholders``), so
+the next step can be scheduled while this one runs (async scheduling): a decode whose input
+is still on the device carries ``PLACEHOLDER_TOKEN_ID``, and the runner takes the token
+from its previous step's sampled ids. ``update_from_output`` applies what the runner
+computed, in step order: caches newly full blocks, replaces placeholders by the sampled
+tokens and checks the stop conditions. A request that finished (or was aborted) after a
+later step was scheduled for it gets nothing from that step. Not thread-safe: one engine
+loop drives it.
+
+    step N scheduled   num_computed += n, placeholders 0 -> 1      (N runs on the device)
+    step N+1 scheduled input = placeholder, placeholders 1 -> 2
+    step N applied     token appended,      placeholders 2 -> 1
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from engine.core.request_queue import make_request_queue
 from engine.core.request_tokens import token_slice
 from engine.core.scheduler_config import SchedulerConfig
 from engine.core.scheduler_output import (
+    PLACEHOLDER_TOKEN_ID,
     Logprobs,
     ModelRunnerOutput,
     ScheduledRequest,
@@ -151,6 +162,12 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 
+    def needs_step_results(self) -> bool:
+        """Whether a running request with a token still on the device needs that token on
+        the host before its next step (penalties, ``min_tokens``, structured outputs): the
+        engine then applies the step in flight before scheduling the next one."""
+        return any(r.num_output_placeholders and r.needs_host_history for r in self.running)
+
     # -- one step -----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
@@ -171,6 +188,8 @@ class Scheduler:
             # An empty output never reaches the runner, so its news waits for the next one.
             output.finished_req_ids, self._finished_req_ids = self._finished_req_ids, set()
             output.preempted_req_ids, self._preempted_req_ids = self._preempted_req_ids, set()
+        else:
+            self.kv.discard_step()
         return output
 
     def _schedule_running(self, state: _StepState) -> None:
@@ -179,13 +198,17 @@ class Scheduler:
         allocate_slots = self.kv.allocate_slots
         threshold = self.config.long_prefill_token_threshold
         i = 0
+        max_model_len = self.config.max_model_len
         while i < len(running) and state.token_budget > 0:
             request = running[i]
-            num_new_tokens = (
-                len(request.prompt_token_ids)
-                + len(request.output_token_ids)
-                - request.num_computed_tokens
+            num_placeholders = request.num_output_placeholders
+            num_tokens = (
+                len(request.prompt_token_ids) + len(request.output_token_ids) + num_placeholders
             )
+            if num_placeholders and _ends_with_placeholders(request, num_tokens, max_model_len):
+                i += 1  # its step in flight reaches a length limit: nothing more to compute
+                continue
+            num_new_tokens = num_tokens - request.num_computed_tokens
             if 0 < threshold < num_new_tokens:
                 num_new_tokens = threshold
             if num_new_tokens > state.token_budget:
@@ -236,6 +259,7 @@ class Scheduler:
                 num_new_tokens = state.token_budget
             if self.kv.allocate_slots(request, num_new_tokens, computed_blocks) is None:
                 break
+            assert request.num_output_placeholders == 0, "a queued request has no step in flight"
             self._dequeue(request, remove=False)
             self._admit(request, num_cached_tokens)
             self._add_scheduled(state, request, num_new_tokens)
@@ -248,6 +272,12 @@ class Scheduler:
 
     def _admit(self, request: Request, num_cached_tokens: int) -> None:
         self.kv.record_prefix_cache_lookup(request, num_cached_tokens)
+        progress = self._prompt_logprobs_progress.get(request.req_id)
+        if progress is not None:
+            # A resumed request computes its prompt again: a new pass of prompt logprobs
+            # (reset here, not at preemption: a step in flight may still deliver entries
+            # of the old pass).
+            progress[0] = 0
         request.num_computed_tokens = num_cached_tokens
         request.status = RequestStatus.RUNNING
         if request.first_scheduled_time is None:
@@ -263,13 +293,18 @@ class Scheduler:
         if end // kv.block_size > start // kv.block_size:  # the step fills a block
             kv.mark_pending(request, num_new_tokens)
         num_prompt_tokens = len(request.prompt_token_ids)
+        outputs = request.output_token_ids
+        num_known = num_prompt_tokens + len(outputs)
         if start >= num_prompt_tokens:  # decoding: the last output token(s)
-            outputs = request.output_token_ids
             token_ids = outputs[start - num_prompt_tokens : end - num_prompt_tokens]
-            sample = end == num_prompt_tokens + len(outputs)
         else:
             token_ids = token_slice(request, start, end)
-            sample = end == request.num_tokens
+        if end > num_known:  # the input is the token the step in flight samples
+            token_ids = token_ids + [PLACEHOLDER_TOKEN_ID] * (end - max(start, num_known))
+        sample = end == num_known + request.num_output_placeholders
+        request.num_computed_tokens = end
+        if sample:
+            request.num_output_placeholders += 1
         # The block table is the manager's own list, not a copy: it only grows by appends
         # while the request runs and is replaced, never edited, when it is freed, so it
         # stays a valid table for this step (the runner reads the blocks the step reaches).
@@ -295,13 +330,12 @@ class Scheduler:
         scheduled = state.scheduled.pop(request.req_id, None)
         if scheduled is not None:
             state.token_budget += scheduled.num_tokens
+            if scheduled.sample:
+                request.num_output_placeholders -= 1
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
-        progress = self._prompt_logprobs_progress.get(request.req_id)
-        if progress is not None:
-            progress[0] = 0
         self.waiting.prepend(request)
         self._num_queued_tokens += request.num_tokens
         self._preempted_req_ids.add(request.req_id)
@@ -328,6 +362,7 @@ class Scheduler:
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
+        """Apply one step's results; steps are applied in the order they were scheduled."""
         outputs = []
         any_finished = False
         now = time.monotonic()
@@ -336,7 +371,12 @@ class Scheduler:
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
             if request.status is not running:
-                continue  # aborted while the step ran
+                if request.status is RequestStatus.PREEMPTED and scheduled.sample:
+                    # Preempted while this step ran: its token is still valid.
+                    output = self._apply_to_preempted(scheduled, runner_output, now)
+                    if output is not None:
+                        outputs.append(output)
+                continue  # else finished or aborted since: nothing of this step counts
             output = apply_step(scheduled, runner_output, now)
             if output is not None:
                 outputs.append(output)
@@ -345,18 +385,36 @@ class Scheduler:
                 self._release(request)
         if any_finished:
             self.running = [r for r in self.running if r.status is running]
+        self.kv.end_step()
         return outputs
 
-    def _apply_step(
+    def _apply_to_preempted(
         self, scheduled: ScheduledRequest, runner_output: ModelRunnerOutput, now: float
+    ) -> EngineCoreOutput | None:
+        """A queued (preempted) request's token from a step scheduled before preemption."""
+        request = scheduled.request
+        num_tokens_before = request.num_tokens
+        output = self._apply_step(scheduled, runner_output, now, cache=False)
+        self._num_queued_tokens += request.num_tokens - num_tokens_before
+        if request.status is not RequestStatus.PREEMPTED:  # finished: out of the queue
+            self._dequeue(request, remove=True)
+            self._release(request)
+        return output
+
+    def _apply_step(
+        self,
+        scheduled: ScheduledRequest,
+        runner_output: ModelRunnerOutput,
+        now: float,
+        cache: bool = True,
     ) -> EngineCoreOutput | None:
         # Runs for every scheduled request every step: plain attribute work only.
         request = scheduled.request
         req_id = request.req_id
-        assert request.num_computed_tokens == scheduled.start_position, "stale schedule"
-        num_computed_tokens = request.num_computed_tokens + len(scheduled.token_ids)
-        request.num_computed_tokens = num_computed_tokens
-        self.kv.cache_blocks(request, num_computed_tokens)
+        if cache:
+            # Blocks of this step's tokens are computed now (their ids are all known:
+            # earlier steps were applied first).
+            self.kv.cache_blocks(request, scheduled.start_position + len(scheduled.token_ids))
         new_prompt_logprobs = None
         if runner_output.prompt_logprobs:
             new_prompt_logprobs = self._take_prompt_logprobs(
@@ -374,6 +432,7 @@ class Scheduler:
                     "which was scheduled with sample=True"
                 )
             request.output_token_ids.append(token_id)
+            request.num_output_placeholders -= 1
             new_token_ids = [token_id]
             if runner_output.logprobs:
                 logprobs = runner_output.logprobs.get(req_id)
@@ -455,6 +514,14 @@ class Scheduler:
             num_free_blocks=self.kv.num_free_blocks,
             num_total_blocks=self.kv.num_usable_blocks,
         )
+
+
+def _ends_with_placeholders(request: Request, num_tokens: int, max_model_len: int) -> bool:
+    """Whether the tokens in flight already reach ``max_tokens`` or the context length, so
+    the request finishes when they are applied (a stop token can only end it sooner)."""
+    max_tokens = request.sampling_params.max_tokens
+    num_outputs = len(request.output_token_ids) + request.num_output_placeholders
+    return (max_tokens is not None and num_outputs >= max_tokens) or num_tokens >= max_model_len
 
 
 def _check_pool_fits_one_sequence(

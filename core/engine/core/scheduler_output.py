@@ -12,11 +12,18 @@ from dataclasses import dataclass, field
 
 from engine.core.request import ReqId, Request
 
+# A token id the host does not know yet: the previous step sampled it on the device and the
+# runner takes it from there (async scheduling). Only a decode step's single input token
+# can be one.
+PLACEHOLDER_TOKEN_ID = -1
+
 
 @dataclass
 class ScheduledRequest:
     req_id: ReqId
-    token_ids: list[int]  # the tokens computed this step (a prompt chunk or one decode token)
+    # The tokens computed this step (a prompt chunk or one decode token); a decode token
+    # still on the device is PLACEHOLDER_TOKEN_ID.
+    token_ids: list[int]
     start_position: int  # position of token_ids[0] == num_computed_tokens before the step
     block_ids: list[int]  # the request's whole block table
     sample: bool  # sample a token after this step (prompt complete)

@@ -31,7 +31,7 @@ import torch
 from engine_sdk.interfaces.attention import AttentionBatch
 
 from engine.core.request import ReqId
-from engine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from engine.core.scheduler_output import PLACEHOLDER_TOKEN_ID, ScheduledRequest, SchedulerOutput
 
 __all__ = [
     "PersistentBlockTables",
@@ -61,6 +61,10 @@ class StepInputs:
     sample_requests: list[ScheduledRequest] = field(default_factory=list)
     num_prompt_rows: int = 0  # sample rows start after the prompt-logprob rows
     prompt_rows: list[PromptLogprobsRows] = field(default_factory=list)
+    # Async scheduling: input_ids rows holding PLACEHOLDER_TOKEN_ID, and for each the row of
+    # the previous step's sampled ids to take instead (both int64 on the device, or None).
+    placeholder_rows: torch.Tensor | None = None
+    placeholder_sources: torch.Tensor | None = None
 
 
 def _prompt_rows(
@@ -229,10 +233,14 @@ class _Packer:
         for array in self._arrays:
             offsets.append(size)
             size += -(-array.nbytes // 16) * 16
-        buffer = np.empty(size, dtype=np.uint8)
+        # Pinned on CUDA, so the copy is queued rather than waited for (a copy from
+        # pageable memory synchronises the stream: the host would wait for the step in
+        # flight). PyTorch's pinned-memory cache keeps the buffer until the copy has run.
+        host = torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        buffer = host.numpy()
         for array, offset in zip(self._arrays, offsets, strict=True):
             buffer[offset : offset + array.nbytes] = array.reshape(-1).view(np.uint8)
-        on_device = torch.from_numpy(buffer).to(device)
+        on_device = host.to(device, non_blocking=True)
         tensors = []
         for array, offset in zip(self._arrays, offsets, strict=True):
             dtype = torch.int64 if array.dtype == np.int64 else torch.int32
@@ -258,11 +266,23 @@ class StepInputsBuilder:
         self.device = device
         self.block_tables = PersistentBlockTables()
 
-    def build(self, so: SchedulerOutput, prompt_logprobs_done: dict[ReqId, int]) -> StepInputs:
+    def build(
+        self,
+        so: SchedulerOutput,
+        prompt_logprobs_done: dict[ReqId, int],
+        prev_sample_rows: dict[ReqId, int] | None = None,
+    ) -> StepInputs:
+        """``prev_sample_rows``: each request's row in the previous step's sampled ids,
+        where its placeholder input comes from."""
         self.block_tables.drop(so.finished_req_ids)
         self.block_tables.drop(so.preempted_req_ids)
         return _build(
-            so, self.block_size, self.device, prompt_logprobs_done, self.block_tables.gather
+            so,
+            self.block_size,
+            self.device,
+            prompt_logprobs_done,
+            self.block_tables.gather,
+            prev_sample_rows or {},
         )
 
 
@@ -278,7 +298,7 @@ def build_step_inputs(
     Stateless: every block table is copied whole. A runner should hold a
     ``StepInputsBuilder``, which gives the same inputs while copying only new block ids.
     """
-    return _build(so, block_size, device, prompt_logprobs_done, _block_table)
+    return _build(so, block_size, device, prompt_logprobs_done, _block_table, {})
 
 
 def _build(
@@ -287,6 +307,7 @@ def _build(
     device: torch.device,
     prompt_logprobs_done: dict[ReqId, int],
     make_table: TableFn,
+    prev_sample_rows: dict[ReqId, int],
 ) -> StepInputs:
     scheduled = so.scheduled
     num_seqs = len(scheduled)
@@ -349,10 +370,15 @@ def _build(
         packer.add(slots),
         packer.add(logits_indices.astype(np.int64)),
     ]
+    placeholder_rows = np.flatnonzero(input_ids == PLACEHOLDER_TOKEN_ID)
+    if len(placeholder_rows):
+        sources = _placeholder_sources(scheduled, token_req[placeholder_rows], prev_sample_rows)
+        parts += [packer.add(placeholder_rows.astype(np.int64)), packer.add(sources)]
     tensors = packer.to_device(device)
     ids_t, positions_t, query_start_t, seq_lens_t, table_t, slots_t, logits_t = (
-        tensors[i] for i in parts
+        tensors[i] for i in parts[:7]
     )
+    rows_t, sources_t = (tensors[parts[7]], tensors[parts[8]]) if len(parts) > 7 else (None, None)
     attn_batch = AttentionBatch(
         query_start_loc=query_start_t,
         seq_lens=seq_lens_t,
@@ -373,4 +399,25 @@ def _build(
         sample_requests=sample_requests,
         num_prompt_rows=len(prompt_hidden_rows),
         prompt_rows=prompt_rows,
+        placeholder_rows=rows_t,
+        placeholder_sources=sources_t,
     )
+
+
+def _placeholder_sources(
+    scheduled: list[ScheduledRequest],
+    request_indices: np.ndarray,
+    prev_sample_rows: dict[ReqId, int],
+) -> np.ndarray:
+    """For each placeholder input, the row of its request in the previous step's samples."""
+    sources = np.empty(len(request_indices), dtype=np.int64)
+    for j, i in enumerate(request_indices.tolist()):
+        req_id = scheduled[i].req_id
+        row = prev_sample_rows.get(req_id)
+        if row is None:
+            raise RuntimeError(
+                f"request {req_id!r} has a placeholder input but the previous step did not "
+                "sample it (async scheduling state out of step)"
+            )
+        sources[j] = row
+    return sources

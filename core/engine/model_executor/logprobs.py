@@ -60,6 +60,14 @@ def compute_prompt_logprobs(
 ) -> list[Logprobs]:
     """Row ``i`` of ``logits`` ``[m, V]`` predicts ``target_token_ids[i]``; one
     ``Logprobs`` per row with the top ``num_logprobs`` alternatives. One host sync."""
+    packed = gather_prompt_logprobs(logits, target_token_ids, num_logprobs)
+    return unpack_prompt_logprobs(packed.cpu(), num_logprobs)
+
+
+def gather_prompt_logprobs(
+    logits: torch.Tensor, target_token_ids: list[int], num_logprobs: int
+) -> torch.Tensor:
+    """``compute_prompt_logprobs`` without the host copy: the packed rows on the device."""
     num_rows, vocab_size = logits.shape
     if len(target_token_ids) != num_rows:
         raise ValueError(
@@ -68,15 +76,20 @@ def compute_prompt_logprobs(
         )
     if num_logprobs < 0:
         raise ValueError(f"prompt_logprobs must be >= 0, got {num_logprobs}")
+    num_top = min(num_logprobs, vocab_size)
     if num_rows == 0:
-        return []
+        return torch.empty((0, _NUM_FIXED_COLUMNS + 2 * num_top), dtype=torch.float64)
     if min(target_token_ids) < 0 or max(target_token_ids) >= vocab_size:
         raise ValueError(
             f"target_token_ids must lie in [0, {vocab_size}) (the model's vocabulary); "
             "check that the tokenizer matches the model"
         )
-    num_top = min(num_logprobs, vocab_size)
     logprobs = logits.float().log_softmax(dim=-1)
     targets = host_tensor(target_token_ids, torch.long, logits.device)
-    packed = gather_logprobs(logprobs, targets, num_top).cpu().tolist()
-    return [unpack_logprobs(row, num_top) for row in packed]
+    return gather_logprobs(logprobs, targets, num_top)
+
+
+def unpack_prompt_logprobs(packed: torch.Tensor, num_logprobs: int) -> list[Logprobs]:
+    """The host rows of ``gather_prompt_logprobs``."""
+    num_top = min(num_logprobs, (packed.shape[1] - _NUM_FIXED_COLUMNS) // 2)
+    return [unpack_logprobs(row, num_top) for row in packed.tolist()]

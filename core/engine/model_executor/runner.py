@@ -26,12 +26,14 @@ from engine.core.request import ReqId
 from engine.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.errors import StartupError
 from engine.model_executor.cuda_graphs import CudaGraphRunner
+from engine.model_executor.host_copy import HostCopy
 from engine.model_executor.inputs import StepInputs, StepInputsBuilder
 from engine.model_executor.kv_cache_dtype import (
     resolve_kv_cache_dtype,
     select_backend_for_kv_cache_dtype,
 )
 from engine.model_executor.loader import LoadConfig, load_model, resolve_device, resolve_dtype
+from engine.model_executor.logprobs import gather_prompt_logprobs, unpack_prompt_logprobs
 from engine.model_executor.memory import (
     MemoryPlan,
     check_free_memory,
@@ -40,13 +42,13 @@ from engine.model_executor.memory import (
     resolve_max_model_len,
 )
 from engine.model_executor.profiling import profile_gpu_memory
-from engine.model_executor.sampler import Sampler, SamplingBatch, compute_prompt_logprobs
+from engine.model_executor.sampler import DeviceSample, Sampler, SamplingBatch
 from engine.model_executor.source import ModelSource
 from engine.structured_output.runner_state import ReasoningGate, StructuredOutputState
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ModelRunner"]
+__all__ = ["ModelRunner", "PendingStep"]
 
 
 def tensor_bytes(tensors: list[torch.Tensor]) -> int:
@@ -95,6 +97,9 @@ class ModelRunner:
         self._prompt_logprobs_done: dict[ReqId, int] = {}
         # Keeps block tables between steps and copies only new block ids.
         self._inputs_builder = StepInputsBuilder(self.block_size, self.device)
+        # The last launched step's sampled ids (on the device) and each request's row.
+        self._prev_sampled: torch.Tensor | None = None
+        self._prev_rows: dict[ReqId, int] = {}
 
     # -- startup phases -------------------------------------------------------------------
 
@@ -245,38 +250,45 @@ class ModelRunner:
 
     # -- one step -------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        return self.execute_async(so).result()
+
+    @torch.inference_mode()
+    def execute_async(self, so: SchedulerOutput) -> PendingStep:
+        """Launch the step and return without waiting for the device. The sampled ids stay
+        on the device: a later step's placeholder inputs (``PLACEHOLDER_TOKEN_ID``) are
+        taken from them."""
         for req_id in so.finished_req_ids:
             self._generators.pop(req_id, None)
             self._prompt_logprobs_done.pop(req_id, None)
         self.structured_outputs.drop(so.finished_req_ids)
         self.structured_outputs.drop(so.preempted_req_ids)
-        output = ModelRunnerOutput()
         if so.is_empty:
-            return output
+            return PendingStep(self, [], None, [])
         inputs = self.prepare_inputs(so)
+        if inputs.placeholder_rows is not None:
+            assert inputs.placeholder_sources is not None and self._prev_sampled is not None
+            inputs.input_ids.index_copy_(
+                0, inputs.placeholder_rows, self._prev_sampled[inputs.placeholder_sources]
+            )
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(inputs):
             logits = self.cuda_graphs.run(inputs)
         else:
             logits = self.run_model(inputs, self.kv_caches)
-        if inputs.sample_requests:
-            sampled = self.sample(logits, inputs)
-            for sr, token_id, logprobs in zip(
-                inputs.sample_requests, sampled.token_ids, sampled.logprobs, strict=True
-            ):
-                output.sampled_token_ids[sr.req_id] = token_id
-                if logprobs is not None:
-                    output.logprobs[sr.req_id] = logprobs
+        sample = self.sample(logits, inputs) if inputs.sample_requests else None
+        self._prev_sampled = None if sample is None else sample.token_ids
+        self._prev_rows = {sr.req_id: i for i, sr in enumerate(inputs.sample_requests)}
+        prompt_logprobs = []
         for rows in inputs.prompt_rows:
             first, count = rows.first_row, len(rows.target_token_ids)
-            output.prompt_logprobs[rows.req_id] = compute_prompt_logprobs(
+            packed = gather_prompt_logprobs(
                 logits[first : first + count], rows.target_token_ids, rows.num_logprobs
             )
-        return output
+            prompt_logprobs.append((rows.req_id, rows.num_logprobs, packed))
+        return PendingStep(self, inputs.sample_requests, sample, prompt_logprobs)
 
     def prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
-        return self._inputs_builder.build(so, self._prompt_logprobs_done)
+        return self._inputs_builder.build(so, self._prompt_logprobs_done, self._prev_rows)
 
     def run_model(self, inputs: StepInputs, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Forward the step; float32 logits [num_logits_rows, vocab] (prompt rows first)."""
@@ -284,7 +296,7 @@ class ModelRunner:
         hidden = self.model(inputs.input_ids, inputs.positions, kv_caches, metadata)
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
-    def sample(self, logits: torch.Tensor, inputs: StepInputs) -> Any:
+    def sample(self, logits: torch.Tensor, inputs: StepInputs) -> DeviceSample:
         """Sample one token per sampling request from the rows after the prompt rows."""
         requests = inputs.sample_requests
         batch = SamplingBatch(
@@ -294,9 +306,7 @@ class ModelRunner:
             output_token_ids=[sr.request.output_token_ids for sr in requests],
             allowed_token_masks=self.structured_outputs.masks(requests, logits.shape[1]),
         )
-        sampled = self.sampler(logits[inputs.num_prompt_rows :], batch)
-        self.structured_outputs.accept(requests, sampled.token_ids)
-        return sampled
+        return self.sampler.sample_on_device(logits[inputs.num_prompt_rows :], batch)
 
     def _generator(self, sr: ScheduledRequest) -> torch.Generator | None:
         seed = sr.request.sampling_params.seed
@@ -307,3 +317,41 @@ class ModelRunner:
             gen = torch.Generator(device=self.device).manual_seed(seed)
             self._generators[sr.req_id] = gen
         return gen
+
+
+class PendingStep:
+    """A launched step of ``ModelRunner.execute_async``; ``result()`` waits for its tokens,
+    advances the structured-output matchers and returns the ``ModelRunnerOutput``."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        sample_requests: list[ScheduledRequest],
+        sample: DeviceSample | None,
+        prompt_logprobs: list[tuple[ReqId, int, torch.Tensor]],
+    ) -> None:
+        self._runner = runner
+        self._sample_requests = sample_requests
+        self._sample = sample
+        self._prompt_logprobs = prompt_logprobs
+        self._prompt_copy = (
+            HostCopy([p for _, _, p in prompt_logprobs]) if prompt_logprobs else None
+        )
+
+    def result(self) -> ModelRunnerOutput:
+        output = ModelRunnerOutput()
+        if self._sample is not None:
+            sampled = self._sample.to_host()
+            requests = self._sample_requests
+            self._runner.structured_outputs.accept(requests, sampled.token_ids)
+            for sr, token_id, logprobs in zip(
+                requests, sampled.token_ids, sampled.logprobs, strict=True
+            ):
+                output.sampled_token_ids[sr.req_id] = token_id
+                if logprobs is not None:
+                    output.logprobs[sr.req_id] = logprobs
+        if self._prompt_copy is not None:
+            host = self._prompt_copy.wait()
+            for (req_id, num_logprobs, _), packed in zip(self._prompt_logprobs, host, strict=True):
+                output.prompt_logprobs[req_id] = unpack_prompt_logprobs(packed, num_logprobs)
+        return output

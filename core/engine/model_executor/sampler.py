@@ -15,7 +15,8 @@ Pipeline, each stage vectorised over the rows and skipped when no row uses it::
   its ``q`` from that generator alone, so a seeded row gives the same tokens whatever else
   is in the batch; the others share the device's default generator.
 - Logprobs are of the raw logits (see ``logprobs.py``).
-- One host sync per call: the token ids (and packed logprobs) come back in one copy.
+- No host sync: the token ids (and packed logprobs) are copied back in one queued copy,
+  which ``DeviceSample.to_host`` waits for; the ids also stay on the device.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 
 from engine.core.scheduler_output import Logprobs
 from engine.model_executor.device_tensors import host_tensor, to_device
+from engine.model_executor.host_copy import HostCopy
 from engine.model_executor.logit_masks import apply_allowed_token_masks, apply_min_tokens
 from engine.model_executor.logprobs import (
     compute_prompt_logprobs,
@@ -37,7 +39,13 @@ from engine.model_executor.penalties import apply_penalties, needs_penalties
 from engine.model_executor.topk_topp import apply_min_p, apply_top_k_top_p
 from engine.sampling_params import SamplingParams
 
-__all__ = ["Sampler", "SamplerOutput", "SamplingBatch", "compute_prompt_logprobs"]
+__all__ = [
+    "DeviceSample",
+    "Sampler",
+    "SamplerOutput",
+    "SamplingBatch",
+    "compute_prompt_logprobs",
+]
 
 
 @dataclass
@@ -80,6 +88,11 @@ class Sampler:
     """Stateless: all per-request state (generators, token history) comes in the batch."""
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        return self.sample_on_device(logits, batch).to_host()
+
+    def sample_on_device(self, logits: torch.Tensor, batch: SamplingBatch) -> DeviceSample:
+        """Sample every row without waiting for the device; the ids stay there (the next
+        step's inputs) and a copy to the host is queued (``DeviceSample.to_host``)."""
         if logits.dim() != 2 or logits.shape[0] != len(batch):
             raise ValueError(
                 f"Sampler expects logits [num_rows, vocab_size] with num_rows == "
@@ -96,7 +109,7 @@ class Sampler:
             else:
                 rows = _index_tensor(random_rows, logits.device)
                 token_ids = token_ids.index_copy(0, rows, sampled)
-        return self._to_host(logits, token_ids, params)
+        return self._gather_logprobs(logits, token_ids, params)
 
     # -- phases ---------------------------------------------------------------------------
 
@@ -154,23 +167,48 @@ class Sampler:
         generators = [batch.generators[i] for i in random_rows]
         return _exponential_race(probs, generators)
 
-    def _to_host(
+    def _gather_logprobs(
         self, logits: torch.Tensor, token_ids: torch.Tensor, params: list[SamplingParams]
-    ) -> SamplerOutput:
-        """Logprobs of the raw logits, then one device-to-host copy of everything."""
+    ) -> DeviceSample:
+        """Logprobs of the raw logits, packed with the ids for one copy to the host."""
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         if not logprob_rows:
-            return SamplerOutput(token_ids=token_ids.tolist(), logprobs=[None] * len(params))
+            return DeviceSample(token_ids, params, [], HostCopy([token_ids]))
         num_top = max(params[i].logprobs or 0 for i in logprob_rows)
         rows = _index_tensor(logprob_rows, logits.device)
         raw_logprobs = logits[rows].float().log_softmax(dim=-1)
         packed = gather_logprobs(raw_logprobs, token_ids[rows], num_top)
-        host = torch.cat([token_ids.double(), packed.flatten()]).cpu()
+        flat = torch.cat([token_ids.double(), packed.flatten()])
+        return DeviceSample(token_ids, params, logprob_rows, HostCopy([flat]))
+
+
+class DeviceSample:
+    """One sampler call's result while it may still be computing: ``token_ids`` (long
+    ``[num_rows]``) on the device, and its host copy, read by ``to_host``."""
+
+    def __init__(
+        self,
+        token_ids: torch.Tensor,
+        params: list[SamplingParams],
+        logprob_rows: list[int],
+        host_copy: HostCopy,
+    ) -> None:
+        self.token_ids = token_ids
+        self._params = params
+        self._logprob_rows = logprob_rows
+        self._host_copy = host_copy
+
+    def to_host(self) -> SamplerOutput:
+        """Wait for the sampled ids (and logprobs) and return them as Python values."""
+        (host,) = self._host_copy.wait()
+        params = self._params
         num_rows = len(params)
+        if not self._logprob_rows:
+            return SamplerOutput(token_ids=host.tolist(), logprobs=[None] * num_rows)
         ids = [int(t) for t in host[:num_rows].tolist()]
-        packed_rows = host[num_rows:].view(len(logprob_rows), -1).tolist()
+        packed_rows = host[num_rows:].view(len(self._logprob_rows), -1).tolist()
         out_logprobs: list[Logprobs | None] = [None] * num_rows
-        for i, row in zip(logprob_rows, packed_rows, strict=True):
+        for i, row in zip(self._logprob_rows, packed_rows, strict=True):
             out_logprobs[i] = unpack_logprobs(row, params[i].logprobs or 0)
         return SamplerOutput(token_ids=ids, logprobs=out_logprobs)
 

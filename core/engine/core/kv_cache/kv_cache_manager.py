@@ -13,6 +13,7 @@ the last call) and kept across preemption, since a request's tokens never change
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from engine.core.kv_cache.block_hash import (
@@ -45,8 +46,9 @@ class KVCacheManager:
         self._req_extra_keys: dict[ReqId, bytes] = {}
         # How many leading blocks of each request were already offered to the prefix cache.
         self._num_cached_blocks: dict[ReqId, int] = {}
-        # Hashes of full blocks that requests scheduled in the current step are computing.
-        self._pending_block_hashes: set[BlockHash] = set()
+        # Hashes of full blocks that scheduled steps not yet applied are computing, one set
+        # per step, oldest first (async scheduling keeps two steps open).
+        self._pending_steps: deque[set[BlockHash]] = deque()
         self.prefix_cache_queries = 0  # tokens looked up
         self.prefix_cache_hits = 0  # tokens found
 
@@ -101,7 +103,16 @@ class KVCacheManager:
             self.prefix_cache_hits += num_hit_tokens
 
     def begin_step(self) -> None:
-        self._pending_block_hashes.clear()
+        """A new step is being scheduled (its pending blocks are noted until it ends)."""
+        self._pending_steps.append(set())
+
+    def discard_step(self) -> None:
+        """The step being scheduled turned out empty: it never runs."""
+        self._pending_steps.pop()
+
+    def end_step(self) -> None:
+        """The oldest open step was applied: its blocks are cached (or never will be)."""
+        self._pending_steps.popleft()
 
     def mark_pending(self, request: Request, num_new_tokens: int) -> None:
         """Note the full blocks this step's chunk of ``request`` will compute.
@@ -121,16 +132,16 @@ class KVCacheManager:
         hashes = self._block_hashes(request, end_block)
         for block_hash in hashes[start_block:end_block]:
             if self.pool.get_cached_block(block_hash) is None:
-                self._pending_block_hashes.add(block_hash)
+                self._pending_steps[-1].add(block_hash)
 
     def is_next_block_pending(self, request: Request, num_hit_blocks: int) -> bool:
         """Whether the first block after the request's cache hit is being computed now."""
-        if not self._pending_block_hashes or not self.uses_prefix_cache(request):
+        if not any(self._pending_steps) or not self.uses_prefix_cache(request):
             return False
         if num_hit_blocks >= (request.num_tokens - 1) // self.block_size:
             return False
-        hashes = self._block_hashes(request, num_hit_blocks + 1)
-        return hashes[num_hit_blocks] in self._pending_block_hashes
+        block_hash = self._block_hashes(request, num_hit_blocks + 1)[num_hit_blocks]
+        return any(block_hash in pending for pending in self._pending_steps)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register the request's blocks that are full and computed (prompt or decode)."""
