@@ -1,0 +1,181 @@
+"""Engine and vLLM on the same GPU in the same run: W1, W2, W4 and the Llama-8B shape.
+
+Figures on the GPU machine move 10-25% between runs, so a ratio to vLLM only counts when
+both ran in one call. Run on the GPU machine from the repository root, after the vLLM
+anchor is unpacked (``../shared/vllm-anchor``: ``$HOME/v/env.sh`` and ``$VLLM_MODEL``):
+
+    python3 benchmarks/side_by_side.py --parts w1,w4 --out $OUT/sbs.json
+
+Engine runs through its CLI (``engine bench``, async scheduling on, and off where a part
+lists ``sync``); vLLM runs its own ``vllm bench`` in a subshell with its environment, so
+its packages stay off Engine's path. Both load the same model folder with dummy weights.
+Each part records both figures, their ratio and the commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HOME = Path(os.environ.get("HOME", "/root"))
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "hidden_act": "silu",
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
+# name -> (engine bench args, vllm bench args, what is compared)
+W1 = ("throughput", ["--num-prompts", "1024", "--input-len", "512", "--output-len", "256"])
+W4_ENGINE = ["--dataset-name", "nano-vllm", "--max-model-len", "4096", "--temperature", "0.6"]
+W4_VLLM = [
+    "--dataset-name", "random", "--random-input-len", "562", "--random-output-len", "562",
+    "--random-range-ratio", "0.822", "--num-prompts", "256", "--max-model-len", "4096",
+]  # fmt: skip
+W2 = ["--batch-size", "1", "--input-len", "128", "--output-len", "256"]
+
+
+def sh(cmd: str, log: Path, timeout: int) -> tuple[int, str]:
+    print("$", cmd, flush=True)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            ["bash", "-c", cmd], capture_output=True, text=True, timeout=timeout, check=False
+        )
+        text, code = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        text, code = f"{exc.stdout or ''}{exc.stderr or ''}\nTIMEOUT", 124
+    log.write_text(text)
+    print(f"  exit {code} in {time.perf_counter() - start:.0f} s", flush=True)
+    if code:
+        print("\n".join(text.splitlines()[-15:]), flush=True)
+    return code, text
+
+
+def engine(out: Path, name: str, kind: str, model: Path, args: list[str], sync: bool) -> Any:
+    result = out / f"{name}.json"
+    flags = " --no-async-scheduling" if sync else ""
+    cmd = (
+        f"{sys.executable} -m engine.cli.main bench {kind} --model {model} --load-format dummy "
+        f"--dtype bfloat16 {' '.join(args)}{flags} --save-result {result}"
+    )
+    code, _ = sh(cmd, out / f"{name}.log", 600)
+    if code or not result.exists():
+        return None
+    data = json.loads(result.read_text())
+    data["command"] = cmd
+    return data
+
+
+def vllm(out: Path, name: str, kind: str, model: Path, args: list[str]) -> dict[str, Any] | None:
+    cmd = (
+        f"(source {HOME}/v/env.sh; vllm bench {kind} --model {model} --load-format dummy "
+        f"--dtype bfloat16 {' '.join(args)})"
+    )
+    code, text = sh(cmd, out / f"{name}.log", 600)
+    if code:
+        return None
+    found: dict[str, Any] = {"command": cmd}
+    m = re.search(r"([\d.]+) output tokens/s", text)
+    if m:
+        found["output_tokens_per_s"] = float(m.group(1))
+    m = re.search(r"Avg latency: ([\d.]+) seconds", text)
+    if m:
+        found["avg_latency_s"] = float(m.group(1))
+    return found
+
+
+def llama_dir(out: Path, tokenizer_dir: Path) -> Path:
+    path = out / "llama-8b"
+    path.mkdir(parents=True, exist_ok=True)
+    for f in tokenizer_dir.iterdir():
+        if f.name != "config.json" and f.is_file():
+            shutil.copy(f, path / f.name)
+    (path / "config.json").write_text(json.dumps(LLAMA_8B))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--parts", default="w1,w4")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sync", action="store_true", help="also Engine --no-async-scheduling")
+    args = parser.parse_args()
+    work = Path("/tmp/sbs")
+    work.mkdir(exist_ok=True)
+    qwen = Path(os.environ.get("VLLM_MODEL", str(HOME / "v/model")))
+    table: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    table["commit"] = commit.stdout.strip() or os.environ.get("ENGINE_COMMIT", "")
+    for part in args.parts.split(","):
+        row: dict[str, Any] = {}
+        if part == "w1":
+            row["engine"] = engine(work, "w1", "throughput", qwen, W1[1], False)
+            if args.sync:
+                row["engine_sync"] = engine(work, "w1_sync", "throughput", qwen, W1[1], True)
+            vargs = ["--dataset-name", "random", "--random-input-len", "512"]
+            vargs += ["--random-output-len", "256", "--num-prompts", "1024"]
+            row["vllm"] = vllm(work, "w1_vllm", "throughput", qwen, vargs)
+            key = "output_tokens_per_s"
+        elif part == "w4":
+            row["engine"] = engine(work, "w4", "throughput", qwen, W4_ENGINE, False)
+            if args.sync:
+                row["engine_sync"] = engine(work, "w4_sync", "throughput", qwen, W4_ENGINE, True)
+            row["vllm"] = vllm(work, "w4_vllm", "throughput", qwen, W4_VLLM)
+            key = "output_tokens_per_s"
+        elif part in ("w2", "llama8b"):
+            model = qwen if part == "w2" else llama_dir(work, qwen)
+            iters = ["--num-iters", "3", "--num-iters-warmup", "1"]
+            row["engine"] = engine(work, part, "latency", model, W2 + iters, False)
+            if args.sync:
+                row["engine_sync"] = engine(
+                    work, part + "_sync", "latency", model, W2 + iters, True
+                )
+            v = vllm(work, part + "_vllm", "latency", model, W2 + iters)
+            if v and "avg_latency_s" in v:
+                v["ms_per_output_token"] = 1000 * v["avg_latency_s"] / 256
+            row["vllm"] = v
+            key = "ms_per_output_token"
+        else:
+            raise SystemExit(f"unknown part {part!r}")
+        e, v = row.get("engine") or {}, row.get("vllm") or {}
+        if key in e and key in v:
+            row["engine_over_vllm"] = (
+                e[key] / v[key] if key.endswith("per_s") else v[key] / e[key]
+            )  # > 1: Engine faster
+        row["metric"] = key
+        table[part] = row
+        args.out.write_text(json.dumps(table, indent=1))
+    print("\npart      metric                 engine      engine_sync  vllm        engine/vllm")
+    for part in args.parts.split(","):
+        row = table[part]
+        key = row["metric"]
+        cells = [
+            f"{(row.get(k) or {}).get(key, float('nan')):.3f}"
+            for k in ("engine", "engine_sync", "vllm")
+        ]
+        ratio = row.get("engine_over_vllm", float("nan"))
+        print(f"{part:9s} {key:22s} {cells[0]:11s} {cells[1]:12s} {cells[2]:11s} {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
