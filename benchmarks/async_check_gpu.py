@@ -19,7 +19,7 @@ PROMPTS = [f"prompt {i}: " + "word " * (3 * i + 1) for i in range(24)]
 
 def main() -> int:
     path = build_tiny_model(Path(tempfile.mkdtemp()), "Qwen3ForCausalLM")
-    base = {"device": "cuda", "dtype": "float32", "gpu_memory_utilization": 0.3}
+    base = {"device": "cuda", "dtype": "float32", "kv_cache_memory_bytes": 1 << 30}
     runs = {
         "triton_async": LLM(str(path), **base),
         "triton_sync": LLM(str(path), async_scheduling=False, **base),
