@@ -105,3 +105,48 @@ def test_silu_and_mul_merged_matches_split(dtype):
     torch.testing.assert_close(got.float(), ref, **_tol(dtype))
     empty = fused_ops.silu_and_mul_merged(gate_up[:0])
     assert empty.shape == (0, 1100)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qk_norm", [True, False])
+@pytest.mark.parametrize("num_tokens", [1, 5])
+def test_qkv_norm_rope_matches_the_separate_ops(dtype, qk_norm, num_tokens):
+    """The merged q/k/v epilogue equals q/k RMSNorm + rope + contiguous split done apart
+    (Qwen3: norms; Llama: rope only), including a strided qkv row (a GEMM output slice)."""
+    gen = torch.Generator().manual_seed(5)
+    num_q, num_kv, head_dim = 4, 2, 16
+    width = (num_q + 2 * num_kv) * head_dim
+    padded = torch.randn(num_tokens, width + 8, generator=gen).to(dtype).to(DEVICE) * 3
+    qkv = padded[:, :width]  # row stride != width
+    positions = torch.arange(7, 7 + num_tokens, device=DEVICE)
+    rope = rotary.RotaryEmbedding(
+        rotary.RopeParameters("default", 10000.0, head_dim, head_dim, 4096, {})
+    ).to(DEVICE)
+    cos, sin = rope.cos_sin(positions, dtype)
+    q_norm, k_norm = (
+        (RMSNorm(head_dim, 1e-6, dtype).to(DEVICE), RMSNorm(head_dim, 1e-6, dtype).to(DEVICE))
+        if qk_norm
+        else (None, None)
+    )
+    if q_norm is not None and k_norm is not None:
+        q_norm.weight.data = torch.randn(head_dim, generator=gen).to(dtype).to(DEVICE)
+        k_norm.weight.data = torch.randn(head_dim, generator=gen).to(dtype).to(DEVICE)
+    q, k, v = fused_ops.qkv_norm_rope(
+        qkv, num_q, num_kv,
+        None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight,
+        1e-6, cos, sin,
+    )  # fmt: skip
+    fused_ops._kernels.cache_clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ENGINE_FUSED_OPS", "0")
+        q2, k2, v2 = qkv.split([num_q * head_dim, num_kv * head_dim, num_kv * head_dim], -1)
+        rq = q2.reshape(num_tokens, num_q, head_dim)
+        rk = k2.reshape(num_tokens, num_kv, head_dim)
+        if q_norm is not None and k_norm is not None:
+            rq, rk = q_norm(rq), k_norm(rk)
+        rq, rk = rotary.apply_rotary(rq, cos, sin), rotary.apply_rotary(rk, cos, sin)
+        rv = v2.reshape(num_tokens, num_kv, head_dim)
+    for got, ref in ((q, rq), (k, rk), (v, rv)):
+        assert got.is_contiguous() and got.shape == ref.shape
+        torch.testing.assert_close(got, ref, **_tol(dtype))
+    assert torch.equal(v, rv)

@@ -101,3 +101,56 @@ def silu_mul_merged_kernel(gu_ptr, out_ptr, stride_gu, stride_o, inter, BLOCK: t
     u = tl.load(gu_ptr + row * stride_gu + inter + offs, mask=mask, other=0.0).to(tl.float32)
     out = g / (1.0 + tl.exp(-g)) * u
     tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def qkv_norm_rope_kernel(
+    qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr,
+    stride_t, stride_ct, num_q_heads, num_kv_heads, eps,
+    HEAD_DIM: tl.constexpr, HALF_P: tl.constexpr, HEADS_P: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):  # fmt: skip
+    # One program per (token, part): part 0 the q heads, 1 the k heads (optional per-head
+    # RMSNorm, then rope over the whole head), 2 the v heads (copied). A row of qkv is
+    #   [ q: num_q_heads * D | k: num_kv_heads * D | v: num_kv_heads * D ]
+    # and each output is a contiguous [tokens, heads, D] tensor. The arithmetic and its
+    # roundings are those of the separate kernels (norm output rounded to the dtype, times
+    # the weight, rounded; rope in float32 from the rounded values).
+    tok = tl.program_id(0)
+    part = tl.program_id(1)
+    half = HEAD_DIM // 2
+    heads = tl.arange(0, HEADS_P)[:, None]
+    dims = tl.arange(0, HALF_P)[None, :]
+    row = qkv_ptr + tok * stride_t
+    if part == 2:
+        vmask = (heads < num_kv_heads) & (dims < half)
+        src = row + (num_q_heads + num_kv_heads) * HEAD_DIM + heads * HEAD_DIM
+        dst = v_ptr + tok * num_kv_heads * HEAD_DIM + heads * HEAD_DIM
+        tl.store(dst + dims, tl.load(src + dims, mask=vmask), mask=vmask)
+        tl.store(dst + half + dims, tl.load(src + half + dims, mask=vmask), mask=vmask)
+    else:
+        if part == 0:
+            num_heads = num_q_heads
+            src = row + heads * HEAD_DIM
+            out = q_ptr + tok * num_q_heads * HEAD_DIM + heads * HEAD_DIM
+            w_ptr = qw_ptr
+        else:
+            num_heads = num_kv_heads
+            src = row + num_q_heads * HEAD_DIM + heads * HEAD_DIM
+            out = k_ptr + tok * num_kv_heads * HEAD_DIM + heads * HEAD_DIM
+            w_ptr = kw_ptr
+        mask = (heads < num_heads) & (dims < half)
+        ty = out.dtype.element_ty
+        x1 = tl.load(src + dims, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + half + dims, mask=mask, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            var = (tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1))[:, None] / HEAD_DIM
+            inv = tl.rsqrt(var + eps)
+            w1 = tl.load(w_ptr + dims, mask=dims < half, other=0.0).to(tl.float32)
+            w2 = tl.load(w_ptr + half + dims, mask=dims < half, other=0.0).to(tl.float32)
+            x1 = ((x1 * inv).to(ty).to(tl.float32) * w1).to(ty).to(tl.float32)
+            x2 = ((x2 * inv).to(ty).to(tl.float32) * w2).to(ty).to(tl.float32)
+        c = tl.load(cos_ptr + tok * stride_ct + dims, mask=dims < half, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + tok * stride_ct + dims, mask=dims < half, other=0.0).to(tl.float32)
+        tl.store(out + dims, (x1 * c - x2 * s).to(ty), mask=mask)
+        tl.store(out + half + dims, (x2 * c + x1 * s).to(ty), mask=mask)

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 
 from engine_sdk.interfaces.model import ModelArchitecture, ModelContext
+from engine_sdk.layers import fused_ops
 from engine_sdk.layers.activation import GatedMLP
 from engine_sdk.layers.attention import KV_SCALE_SUFFIXES, Attention, load_kv_scale
 from engine_sdk.layers.embedding import LMHead, VocabEmbedding
@@ -116,6 +117,16 @@ class DecoderAttention(torch.nn.Module):
         )
         self.qkv_proj: Linear | None = None  # set by merge_projections()
 
+    def _fuse_qkv_epilogue(self, hidden_states: torch.Tensor, cos: torch.Tensor) -> bool:
+        """The q/k norm, rope and split as one kernel: CUDA (fused ops on), rope over the
+        whole head (a power-of-two head size), and norms on both q and k or on neither."""
+        return (
+            fused_ops.enabled(hidden_states)
+            and cos.shape[-1] == self.head_dim
+            and self.head_dim & (self.head_dim - 1) == 0
+            and (self.q_norm is None) == (self.k_norm is None)
+        )
+
     def merge_projections(self) -> None:
         """After loading: q, k and v as one GEMM (when their quantization method can merge)."""
         self.qkv_proj = merge_linears([self.q_proj, self.k_proj, self.v_proj])
@@ -129,6 +140,21 @@ class DecoderAttention(torch.nn.Module):
     ) -> torch.Tensor:
         num_tokens = hidden_states.shape[0]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        cos, sin = cos_sin
+        if self.qkv_proj is not None and self._fuse_qkv_epilogue(hidden_states, cos):
+            q, k, v = fused_ops.qkv_norm_rope(
+                self.qkv_proj(hidden_states),
+                self.num_heads,
+                self.num_kv_heads,
+                None if self.q_norm is None else self.q_norm.weight,
+                None if self.k_norm is None else self.k_norm.weight,
+                self.q_norm.eps if self.q_norm is not None else 0.0,
+                cos,
+                sin,
+            )
+            out = self.attn(q, k, v, kv_cache, attn_metadata)
+            fused: torch.Tensor = self.o_proj(out)
+            return fused
         if self.qkv_proj is not None:
             q2, k2, v2 = self.qkv_proj(hidden_states).split([q_size, kv_size, kv_size], dim=-1)
         else:
@@ -139,7 +165,6 @@ class DecoderAttention(torch.nn.Module):
         v = v2.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = cos_sin
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = self.attn(q.contiguous(), k.contiguous(), v.contiguous(), kv_cache, attn_metadata)
         result: torch.Tensor = self.o_proj(out)

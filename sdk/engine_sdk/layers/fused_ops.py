@@ -125,5 +125,41 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return out
 
 
+def qkv_norm_rope(
+    qkv: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split a merged q/k/v projection ``[tokens, (H + 2 * KV) * D]`` into contiguous q, k
+    and v ``[tokens, heads, D]``, with the per-head q/k RMSNorm (when weights are given)
+    and rope over the whole head applied to q and k: one launch instead of five (two
+    norms, two ropes, the copy that makes v contiguous). ``cos``/``sin``: [tokens, 1, D]."""
+    from engine_sdk.layers._fused_kernels import qkv_norm_rope_kernel
+
+    num_tokens = qkv.shape[0]
+    head_dim = cos.shape[-1]
+    shape_q, shape_kv = (num_tokens, num_q_heads, head_dim), (num_tokens, num_kv_heads, head_dim)
+    q = torch.empty(shape_q, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(shape_kv, dtype=qkv.dtype, device=qkv.device)
+    v = torch.empty(shape_kv, dtype=qkv.dtype, device=qkv.device)
+    if num_tokens == 0:
+        return q, k, v
+    has_norm = q_weight is not None and k_weight is not None
+    half = head_dim // 2
+    qkv_norm_rope_kernel[(num_tokens, 3)](
+        qkv, q_weight if has_norm else qkv, k_weight if has_norm else qkv, cos, sin, q, k, v,
+        qkv.stride(0), cos.stride(0), num_q_heads, num_kv_heads, eps,
+        HEAD_DIM=head_dim, HALF_P=max(1, 1 << (half - 1).bit_length()),
+        HEADS_P=max(1, 1 << (max(num_q_heads, num_kv_heads) - 1).bit_length()),
+        HAS_NORM=has_norm, num_warps=4,
+    )  # fmt: skip
+    return q, k, v
+
+
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
