@@ -28,6 +28,8 @@ from engine.sampling_params import SamplingParams
 
 # make_core's default for async scheduling; tests/core/conftest.py runs every test both ways.
 ASYNC_SCHEDULING = [False]
+# Deferred samplings of requests that needed their history (checked by the async tests).
+DEFERRED_WITH_HISTORY = [0]
 
 
 def next_token(seq: list[int]) -> int:
@@ -71,10 +73,14 @@ class FakeKVRunner:
         self.prev_sampled: dict[str, int] = {}
         self.num_placeholder_inputs = 0
 
-    def execute_async(self, scheduler_output: SchedulerOutput) -> _Ready:
+    def execute_async(
+        self, scheduler_output: SchedulerOutput, defer_sampling: bool = False
+    ) -> _Pending:
         """Runs the step at launch, as a device runs launched work in order; the host gets
-        the result later."""
-        return _Ready(self.execute(scheduler_output))
+        the result later. Deferred sampling is checked: by then every token before the
+        sampled position of a request that needs its history must be on the host."""
+        output = self.execute(scheduler_output)
+        return _Pending(output, scheduler_output, defer_sampling)
 
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         assert not scheduler_output.is_empty, "the engine must not run an empty schedule"
@@ -128,10 +134,32 @@ class FakeKVRunner:
 
 
 @dataclass
-class _Ready:
+class _Pending:
     output: ModelRunnerOutput
+    scheduler_output: SchedulerOutput
+    deferred: bool
+    sampled: bool = False
+    num_deferred_with_history: int = 0
+
+    def launch_sampling(self) -> None:
+        if self.sampled:
+            return
+        self.sampled = True
+        for s in self.scheduler_output.scheduled:
+            request = s.request
+            if self.deferred and s.sample and request.needs_host_history:
+                if request.is_finished:
+                    continue  # applied as finished meanwhile: its token is dropped
+                known = request.num_tokens
+                assert known == s.start_position + s.num_tokens, (
+                    f"{s.req_id}: sampled with {known} tokens on the host, needs "
+                    f"{s.start_position + s.num_tokens}"
+                )
+                DEFERRED_WITH_HISTORY[0] += 1
 
     def result(self) -> ModelRunnerOutput:
+        assert self.sampled or not self.deferred, "a deferred step was never sampled"
+        self.launch_sampling()
         return self.output
 
 

@@ -95,3 +95,21 @@ def test_a_request_preempted_while_its_step_runs_keeps_that_token() -> None:
     for req_id, prompt in prompts.items():
         assert result.tokens[req_id] == reference_tokens(prompt, 9)
         assert requests[req_id].status is RequestStatus.FINISHED_LENGTH
+
+
+def test_requests_needing_their_history_are_sampled_after_the_step_in_flight() -> None:
+    """Penalties and min_tokens read the output so far: such a request's forward pass runs
+    ahead, its sampling waits until the previous token is applied (checked by the fake
+    runner at sampling time), and the tokens stay those of the reference."""
+    core_fakes.DEFERRED_WITH_HISTORY[0] = 0
+    core, runner = make_core()
+    prompts = {"pen": PROMPT, "min": [1, 2, 3], "plain": [4, 5, 6, 7]}
+    core.add_request(make_request("pen", prompts["pen"], max_tokens=6, repetition_penalty=1.2))
+    core.add_request(make_request("min", prompts["min"], max_tokens=6, min_tokens=4))
+    core.add_request(make_request("plain", prompts["plain"], max_tokens=6))
+    result = run_to_completion(core)
+    for req_id, prompt in prompts.items():
+        assert result.tokens[req_id] == reference_tokens(prompt, 6)
+    # pen: 5 decode samplings deferred; min: the 3 while it is short of min_tokens.
+    assert core_fakes.DEFERRED_WITH_HISTORY[0] == 5 + 3
+    assert runner.num_placeholder_inputs == 3 * 5  # no request waited for the host

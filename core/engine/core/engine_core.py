@@ -13,8 +13,13 @@ and output processing overlap the device's work instead of alternating with it::
     device  | .......... step N .........|.............. step N+1 ......................
 
 A step's sampled ids stay on the device as the next step's inputs. When a running request
-needs its previous token on the host first (penalties, ``min_tokens``, structured
-outputs), the step in flight is applied before scheduling (``needs_step_results``).
+needs its previous token on the host before sampling the next one (penalties,
+``min_tokens``, structured outputs), the next step's forward pass is still launched at
+once, but its sampling only after the step in flight is applied (``defer_sampling``): the
+host applies step N and builds the masks while the device runs step N+1's forward::
+
+    host    | sched N+1 | fwd N+1 | wait N | apply N | masks | sample N+1 | ...
+    device  | .... step N ..........|..... fwd N+1 ..........|.. sample N+1 ..
 """
 
 from __future__ import annotations
@@ -35,11 +40,16 @@ class ModelRunnerProtocol(Protocol):
 class PendingRunnerOutput(Protocol):
     """A launched step; ``result()`` waits for it and returns its output (once)."""
 
+    def launch_sampling(self) -> None:
+        """Launch the sampling of a step launched with ``defer_sampling`` (no-op if done)."""
+
     def result(self) -> ModelRunnerOutput: ...
 
 
 class AsyncModelRunner(ModelRunnerProtocol, Protocol):
-    def execute_async(self, scheduler_output: SchedulerOutput) -> PendingRunnerOutput: ...
+    def execute_async(
+        self, scheduler_output: SchedulerOutput, defer_sampling: bool = False
+    ) -> PendingRunnerOutput: ...
 
 
 class EngineCore:
@@ -81,14 +91,16 @@ class EngineCore:
             runner_output = self.runner.execute(scheduler_output)
             return self.scheduler.update_from_output(scheduler_output, runner_output)
         outputs: list[EngineCoreOutput] = []
-        if self._in_flight is not None and self.scheduler.needs_step_results():
-            outputs = self._apply_in_flight()
+        defer = self._in_flight is not None and self.scheduler.needs_step_results()
         scheduler_output = self.scheduler.schedule()
         launched = None
         if not scheduler_output.is_empty:
-            launched = (scheduler_output, self.async_runner.execute_async(scheduler_output))
+            pending = self.async_runner.execute_async(scheduler_output, defer)
+            launched = (scheduler_output, pending)
         if self._in_flight is not None:
             outputs = self._apply_in_flight()
+        if launched is not None:
+            launched[1].launch_sampling()
         self._in_flight = launched
         return outputs
 

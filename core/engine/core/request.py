@@ -72,8 +72,8 @@ class Request:
     def needs_host_history(self) -> bool:
         """Whether sampling this request's next token needs its previous token on the host:
         penalties (token counts), ``min_tokens`` (output length) and structured outputs
-        (the grammar state). The engine does not schedule such a request ahead of its
-        previous step's result."""
+        (the grammar state). The engine samples such a request's next token only after
+        its previous step's result is applied."""
         params = self.sampling_params
         return (
             params.structured_outputs is not None

@@ -164,8 +164,8 @@ class Scheduler:
 
     def needs_step_results(self) -> bool:
         """Whether a running request with a token still on the device needs that token on
-        the host before its next step (penalties, ``min_tokens``, structured outputs): the
-        engine then applies the step in flight before scheduling the next one."""
+        the host before its next token is sampled (penalties, ``min_tokens``, structured
+        outputs): the engine then samples the next step after applying the one in flight."""
         return any(r.num_output_placeholders and r.needs_host_history for r in self.running)
 
     # -- one step -----------------------------------------------------------------------------

@@ -254,17 +254,19 @@ class ModelRunner:
         return self.execute_async(so).result()
 
     @torch.inference_mode()
-    def execute_async(self, so: SchedulerOutput) -> PendingStep:
+    def execute_async(self, so: SchedulerOutput, defer_sampling: bool = False) -> PendingStep:
         """Launch the step and return without waiting for the device. The sampled ids stay
         on the device: a later step's placeholder inputs (``PLACEHOLDER_TOKEN_ID``) are
-        taken from them."""
+        taken from them. ``defer_sampling``: launch only the forward pass; the caller
+        launches the sampling (``PendingStep.launch_sampling``) once the host state it
+        reads (output tokens for penalties, grammar matchers) is up to date."""
         for req_id in so.finished_req_ids:
             self._generators.pop(req_id, None)
             self._prompt_logprobs_done.pop(req_id, None)
         self.structured_outputs.drop(so.finished_req_ids)
         self.structured_outputs.drop(so.preempted_req_ids)
         if so.is_empty:
-            return PendingStep(self, [], None, [])
+            return PendingStep(self, None, None, [])
         inputs = self.prepare_inputs(so)
         if inputs.placeholder_rows is not None:
             assert inputs.placeholder_sources is not None and self._prev_sampled is not None
@@ -275,8 +277,6 @@ class ModelRunner:
             logits = self.cuda_graphs.run(inputs)
         else:
             logits = self.run_model(inputs, self.kv_caches)
-        sample = self.sample(logits, inputs) if inputs.sample_requests else None
-        self._prev_sampled = None if sample is None else sample.token_ids
         self._prev_rows = {sr.req_id: i for i, sr in enumerate(inputs.sample_requests)}
         prompt_logprobs = []
         for rows in inputs.prompt_rows:
@@ -285,7 +285,16 @@ class ModelRunner:
                 logits[first : first + count], rows.target_token_ids, rows.num_logprobs
             )
             prompt_logprobs.append((rows.req_id, rows.num_logprobs, packed))
-        return PendingStep(self, inputs.sample_requests, sample, prompt_logprobs)
+        step = PendingStep(self, inputs, logits, prompt_logprobs)
+        if not defer_sampling:
+            step.launch_sampling()
+        return step
+
+    @torch.inference_mode()
+    def _launch_sampling(self, inputs: StepInputs, logits: torch.Tensor) -> DeviceSample | None:
+        sample = self.sample(logits, inputs) if inputs.sample_requests else None
+        self._prev_sampled = None if sample is None else sample.token_ids
+        return sample
 
     def prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
         return self._inputs_builder.build(so, self._prompt_logprobs_done, self._prev_rows)
@@ -320,29 +329,41 @@ class ModelRunner:
 
 
 class PendingStep:
-    """A launched step of ``ModelRunner.execute_async``; ``result()`` waits for its tokens,
-    advances the structured-output matchers and returns the ``ModelRunnerOutput``."""
+    """A launched step of ``ModelRunner.execute_async``; ``launch_sampling()`` samples it
+    (at once unless deferred), ``result()`` waits for its tokens, advances the
+    structured-output matchers and returns the ``ModelRunnerOutput``."""
 
     def __init__(
         self,
         runner: ModelRunner,
-        sample_requests: list[ScheduledRequest],
-        sample: DeviceSample | None,
+        inputs: StepInputs | None,
+        logits: torch.Tensor | None,
         prompt_logprobs: list[tuple[ReqId, int, torch.Tensor]],
     ) -> None:
         self._runner = runner
-        self._sample_requests = sample_requests
-        self._sample = sample
+        self._inputs = inputs
+        self._logits = logits
+        self._sample: DeviceSample | None = None
+        self._sampled = inputs is None
         self._prompt_logprobs = prompt_logprobs
-        self._prompt_copy = (
-            HostCopy([p for _, _, p in prompt_logprobs]) if prompt_logprobs else None
-        )
+        packed = [p for _, _, p in prompt_logprobs]
+        self._prompt_copy = HostCopy(packed) if packed else None
+
+    def launch_sampling(self) -> None:
+        if self._sampled:
+            return
+        assert self._inputs is not None and self._logits is not None
+        self._sample = self._runner._launch_sampling(self._inputs, self._logits)
+        self._sampled = True
+        self._logits = None
 
     def result(self) -> ModelRunnerOutput:
+        self.launch_sampling()
         output = ModelRunnerOutput()
         if self._sample is not None:
+            assert self._inputs is not None
             sampled = self._sample.to_host()
-            requests = self._sample_requests
+            requests = self._inputs.sample_requests
             self._runner.structured_outputs.accept(requests, sampled.token_ids)
             for sr, token_id, logprobs in zip(
                 requests, sampled.token_ids, sampled.logprobs, strict=True
