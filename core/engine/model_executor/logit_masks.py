@@ -8,7 +8,9 @@ sampling can pick them.
   tells the scheduler not to stop) and its ``stop_token_ids`` are forbidden.
 - ``allowed_token_masks``: one bool ``[V']`` tensor per row (or ``None``: no
   constraint). ``V'`` may be smaller than the model's vocabulary (tokenizers often have
-  fewer tokens than the padded embedding); the ids past ``V'`` are then forbidden.
+  fewer tokens than the padded embedding); the ids past ``V'`` are then forbidden. Rows may
+  instead be packed bits (uint8 ``[ceil(V / 8)]`` on the logits' device, bit ``id % 8`` of
+  byte ``id // 8``), which are stacked and unpacked on the device in one go.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 
 from engine.model_executor.device_tensors import host_tensor, to_device
 from engine.sampling_params import SamplingParams
+from engine.structured_output.masks import unpack_masks
 
 NEG_INF = float("-inf")
 
@@ -59,6 +62,8 @@ def apply_allowed_token_masks(
     present = [(i, m) for i, m in enumerate(allowed_token_masks) if m is not None]
     if not present:
         return logits
+    if all(m.dtype == torch.uint8 and m.device == logits.device for _, m in present):
+        return _apply_packed_masks(logits, present)
     # Built where the masks live (host masks: one copy for the batch), then moved.
     masks_on_host = all(m.device.type == "cpu" for _, m in present)
     build_device = torch.device("cpu") if masks_on_host else logits.device
@@ -76,6 +81,25 @@ def apply_allowed_token_masks(
             )
         allowed[j, : mask.shape[0]] = mask.to(build_device)
     allowed = to_device(allowed, logits.device)
+    row_index = host_tensor([i for i, _ in present], torch.long, logits.device)
+    logits[row_index] = logits[row_index].masked_fill(~allowed, NEG_INF)
+    return logits
+
+
+def _apply_packed_masks(
+    logits: torch.Tensor, present: list[tuple[int, torch.Tensor]]
+) -> torch.Tensor:
+    num_rows, vocab_size = logits.shape
+    num_bytes = -(-vocab_size // 8)
+    for i, mask in present:
+        if mask.dim() != 1 or mask.shape[0] != num_bytes:
+            raise ValueError(
+                f"allowed_token_masks[{i}] is packed (uint8) with {mask.shape[0]} bytes but "
+                f"the logits have {vocab_size} tokens, which need {num_bytes}"
+            )
+    allowed = unpack_masks(torch.stack([m for _, m in present]), vocab_size)
+    if len(present) == num_rows:
+        return logits.masked_fill_(~allowed, NEG_INF)
     row_index = host_tensor([i for i, _ in present], torch.long, logits.device)
     logits[row_index] = logits[row_index].masked_fill(~allowed, NEG_INF)
     return logits

@@ -313,7 +313,9 @@ class ModelRunner:
             generators=[self._generator(sr) for sr in requests],
             prompt_token_ids=[sr.request.prompt_token_ids for sr in requests],
             output_token_ids=[sr.request.output_token_ids for sr in requests],
-            allowed_token_masks=self.structured_outputs.masks(requests, logits.shape[1]),
+            allowed_token_masks=self.structured_outputs.masks(
+                requests, logits.shape[1], logits.device
+            ),
         )
         return self.sampler.sample_on_device(logits[inputs.num_prompt_rows :], batch)
 

@@ -30,7 +30,7 @@ from engine.structured_output.cache import GrammarCache
 from engine.structured_output.compile_pool import CompilePool, with_deadline
 from engine.structured_output.config import StructuredOutputsConfig
 from engine.structured_output.keys import GrammarKey, grammar_key
-from engine.structured_output.masks import EosRules, batch_masks
+from engine.structured_output.masks import DeviceMaskCache, EosRules, batch_masks
 
 KIND = StructuredOutputBackendSpec.kind
 
@@ -100,6 +100,7 @@ class StructuredOutputManager:
         if tokenizer_eos is not None:
             eos_ids.append(int(tokenizer_eos))
         self.eos_rules = EosRules(eos_ids)
+        self._device_masks: dict[torch.device, DeviceMaskCache] = {}
         self.cache = GrammarCache(self.config.max_cache_entries, self.config.max_cache_bytes)
         self._pool = CompilePool(self.config.num_compile_workers)
         self._lock = threading.RLock()
@@ -247,6 +248,17 @@ class StructuredOutputManager:
         ``SamplingBatch.allowed_token_masks``; keep ``device="cpu"``: the sampler copies
         the whole batch to the GPU at once."""
         return batch_masks(matchers, vocab_size or self.vocab_size, self.eos_rules, device)
+
+    def packed_masks(
+        self, matchers: Sequence[GrammarMatcher | None], vocab_size: int, device: torch.device
+    ) -> list[torch.Tensor | None]:
+        """Like ``batch_masks``, as packed bits already on ``device`` (uint8
+        ``[ceil(vocab_size / 8)]`` per row, cached per grammar state: see
+        ``DeviceMaskCache``)."""
+        cache = self._device_masks.get(device)
+        if cache is None:
+            cache = self._device_masks[device] = DeviceMaskCache(self.eos_rules, device)
+        return [None if m is None else cache.packed(m, vocab_size) for m in matchers]
 
     def close(self) -> None:
         self._pool.close()

@@ -112,10 +112,11 @@ class StructuredOutputState:
         return len(self._states)
 
     def masks(
-        self, requests: Sequence[ScheduledRequest], vocab_size: int
+        self, requests: Sequence[ScheduledRequest], vocab_size: int, device: torch.device
     ) -> list[torch.Tensor | None] | None:
-        """One host mask per sampling row (``None``: unconstrained), or ``None`` when no
-        row is constrained this step."""
+        """One packed mask on ``device`` per sampling row (``None``: unconstrained; see
+        ``StructuredOutputManager.packed_masks``), or ``None`` when no row is constrained
+        this step."""
         if not any(sr.request.sampling_params.structured_outputs for sr in requests):
             return None
         manager = self._setup()
@@ -125,7 +126,7 @@ class StructuredOutputState:
             matchers.append(None if state is None else self._matcher(sr, state, manager))
         if all(m is None for m in matchers):
             return None
-        return manager.batch_masks(matchers, vocab_size)
+        return manager.packed_masks(matchers, vocab_size, device)
 
     def accept(self, requests: Sequence[ScheduledRequest], token_ids: Sequence[int]) -> None:
         """Advance the matchers of the rows masked this step by their sampled tokens."""
