@@ -47,6 +47,11 @@ class ServerArgs:
         30.0, "Seconds to drain in-flight requests on SIGTERM before aborting them.", "server"
     )
     metrics_without_auth: bool = arg(False, "Serve /metrics without the API key.", "server")
+    metrics_compat: str | None = arg(
+        None, "Also export every /metrics series under another server's names and labels: "
+        "vllm (vllm:*, as llm-d, the Gateway API Inference Extension and KServe read them).",
+        "server",
+    )  # fmt: skip
     log_stats_interval: float = arg(
         10.0, "Seconds between stats log lines while busy (0: off).", "server"
     )
@@ -97,6 +102,11 @@ class ServerArgs:
             if getattr(self, name) < 0:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be >= 0 (0: off), got {getattr(self, name)}")
+        if self.metrics_compat is not None and self.metrics_compat not in ("vllm",):
+            raise ValueError(
+                f"--metrics-compat {self.metrics_compat!r} is not known; use vllm (or leave it "
+                "out for the engine: names only)"
+            )
         if (self.api_server_count or 1) > 1 and not self.engine_process:
             raise ValueError(
                 f"--api-server-count {self.api_server_count} needs the engine in its own "

@@ -218,6 +218,12 @@ def serve_engine(
             features=features,
         )
         attach_stats_listener(engine_client, ctx.metrics)
+        if server_args.metrics_compat == "vllm":
+            from engine.entrypoints.openai.metrics_vllm import vllm_compat_registry
+
+            ctx.metrics.extra_registries.append(
+                vllm_compat_registry(ctx.metrics.registry, engine_client.stats, engine_args)
+            )
         app = build_app(ctx, server_args)
         config = uvicorn.Config(
             app,
