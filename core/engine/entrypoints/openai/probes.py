@@ -45,7 +45,8 @@ def liveness_failure(engine_client: Any, stall_limit_s: float) -> ProbeFailure |
     """Why the server should be restarted, or None while it is alive."""
     dead = _call_or_value(getattr(engine_client, "dead_error", None))
     if dead is not None:
-        return ProbeFailure("engine_dead", f"The engine stopped: {dead} (see the server log).")
+        # No detail: the probes need no key, and the error text belongs to the log.
+        return ProbeFailure("engine_dead", "The engine stopped (see the server log).")
     stalled = getattr(engine_client, "stalled_for", None)
     stalled_s = float(stalled()) if callable(stalled) else 0.0
     if stall_limit_s > 0 and stalled_s > stall_limit_s:
