@@ -89,8 +89,17 @@ class ServerArgs:
         "streaming over more CPU cores and needs --engine-process).", "server",
     )  # fmt: skip
 
+    data_parallel_size: int = arg(
+        1, "Engine processes, each with its own GPUs (--tensor-parallel-size each, split by "
+        "CUDA_VISIBLE_DEVICES); every API server balances requests over them by prefix and "
+        "load. Needs --engine-process.", "server",
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
-        for name in ("max_request_body_bytes", "max_header_bytes", "max_n", "api_server_count"):
+        for name in (
+            "max_request_body_bytes", "max_header_bytes", "max_n", "api_server_count",
+            "data_parallel_size",
+        ):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be at least 1, got {getattr(self, name)}")
@@ -106,6 +115,11 @@ class ServerArgs:
             raise ValueError(
                 f"--metrics-compat {self.metrics_compat!r} is not known; use vllm (or leave it "
                 "out for the engine: names only)"
+            )
+        if self.data_parallel_size > 1 and not self.engine_process:
+            raise ValueError(
+                f"--data-parallel-size {self.data_parallel_size} runs engine processes: drop "
+                "--no-engine-process"
             )
         if (self.api_server_count or 1) > 1 and not self.engine_process:
             raise ValueError(

@@ -244,7 +244,7 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
     @router.get("/load")
     async def load() -> dict[str, Any]:
         stats = await scheduler_stats(ctx.engine)
-        return {
+        body = {
             "num_requests_running": stats.num_running,
             "num_requests_waiting": stats.num_waiting,
             "kv_cache_usage": stats.kv_cache_usage,
@@ -252,6 +252,10 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
             "num_total_blocks": stats.num_total_blocks,
             "num_http_requests_in_flight": len(ctx.inflight),
         }
+        engine_loads = getattr(ctx.engine, "engine_loads", None)
+        if callable(engine_loads):  # --data-parallel-size > 1: each engine's own
+            body["engines"] = engine_loads()
+        return body
 
     async def metrics() -> Response:
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
