@@ -89,6 +89,10 @@ class ServerArgs:
         "streaming over more CPU cores and needs --engine-process).", "server",
     )  # fmt: skip
 
+    headless: bool = arg(
+        False, "Run only this node's tensor-parallel workers (--node-rank > 0), no HTTP "
+        "server; node 0 runs engine serve as usual.", "server",
+    )  # fmt: skip
     data_parallel_size: int = arg(
         1, "Engine processes, each with its own GPUs (--tensor-parallel-size each, split by "
         "CUDA_VISIBLE_DEVICES); every API server balances requests over them by prefix and "
