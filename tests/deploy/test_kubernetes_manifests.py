@@ -190,3 +190,32 @@ def test_yamllint() -> None:
         capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def expand(arg: str, values: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion in args."""
+    return re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], arg)
+
+
+def test_leaderworkerset_command_lines_parse() -> None:
+    from engine.cli.serve_args import parse_serve_args
+
+    lws = yaml.safe_load((KUBE / "multinode" / "leaderworkerset.yaml").read_text())
+    template = lws["spec"]["leaderWorkerTemplate"]
+    size = template["size"]
+    env = {"LWS_GROUP_SIZE": str(size), "LWS_LEADER_ADDRESS": "engine-tp16-0.engine-tp16"}
+    parsed = {}
+    for role, worker_index in (("leaderTemplate", "0"), ("workerTemplate", "1")):
+        (container,) = template[role]["spec"]["containers"]
+        values = {**env, "LWS_WORKER_INDEX": worker_index}
+        args = [expand(a, values) for a in container["args"]]
+        result = parse_serve_args(args)
+        assert not isinstance(result, str)
+        gpus = container["resources"]["limits"]["nvidia.com/gpu"]
+        assert result.engine_args.tensor_parallel_size == gpus * size
+        parsed[role] = result
+    leader, worker = parsed["leaderTemplate"], parsed["workerTemplate"]
+    assert (leader.engine_args.node_rank, leader.server_args.headless) == (0, False)
+    assert (worker.engine_args.node_rank, worker.server_args.headless) == (1, True)
+    assert leader.engine_args.master_addr == worker.engine_args.master_addr
+    assert leader.engine_args.nnodes == worker.engine_args.nnodes == size
