@@ -136,8 +136,11 @@ def _greet(conn: Connection, ranks: list[int], taken: dict[int, Connection]) -> 
     except (OSError, EOFError, ValueError, multiprocessing.AuthenticationError) as exc:
         logger.warning("refused a connection on the step port: %s", exc)
         return None
-    rank = hello.get("rank") if isinstance(hello, dict) else None
-    if hello.get("op") != "hello" or rank not in ranks or rank in taken:
+    if not isinstance(hello, dict) or hello.get("op") != "hello":
+        logger.warning("refused a step connection with greeting %r", hello)
+        return None
+    rank = hello.get("rank")
+    if rank not in ranks or rank in taken:
         logger.warning("refused a step connection with greeting %r", hello)
         return None
     return int(rank)
