@@ -134,6 +134,11 @@ def engine_envs(engine_args: EngineArgs, num_engines: int) -> list[dict[str, str
     """Each engine process's environment: its own GPUs under ``--data-parallel-size``."""
     if num_engines == 1:
         return [{}]
+    if engine_args.nnodes > 1:
+        raise EngineError(
+            f"--data-parallel-size {num_engines} with --nnodes {engine_args.nnodes} is not "
+            "supported: run one tensor-parallel group per set of nodes (one replica each)"
+        )
     device, visible = engine_args.device, []
     if device != "cpu":
         listed = os.environ.get("CUDA_VISIBLE_DEVICES")
