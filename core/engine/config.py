@@ -73,6 +73,19 @@ class EngineArgs:
         "execution",
     )
     tensor_parallel_size: int = arg(1, "Number of GPUs to shard the model over.", "execution")
+    nnodes: int = arg(
+        1, "Nodes the tensor-parallel ranks span (each runs tensor_parallel_size / nnodes).",
+        "execution",
+    )  # fmt: skip
+    node_rank: int = arg(0, "This node's index (0: serves HTTP; others: --headless).", "execution")
+    master_addr: str = arg(
+        "127.0.0.1", "Node 0's address, which every node can reach (with --nnodes > 1).",
+        "execution",
+    )  # fmt: skip
+    master_port: int = arg(
+        29500, "torch.distributed rendezvous port on --master-addr; the next port carries "
+        "the step inputs to the other nodes.", "execution",
+    )  # fmt: skip
     max_logprobs: int = arg(20, "Most logprobs a request may ask for.", "execution")
     # plugins
     plugins: list[str] = arg([], "Plugins to require (NAME) or block (no:NAME).", "plugins")

@@ -289,25 +289,52 @@ def start_engine_process(
     until it has loaded the model: ``(process, client connections, EngineReady)``.
 
     A startup failure raises ``StartupError`` (and the process is gone)."""
+    proc, conns = spawn_engine_process(args, num_clients)
+    return proc, conns, wait_engine_ready(proc, conns, start_timeout)
+
+
+def spawn_engine_process(
+    args: EngineArgs, num_clients: int = 1, env: dict[str, str] | None = None, name: str = ""
+) -> tuple[Any, list[Any]]:
+    """Start an engine process without waiting for it: ``(process, client connections)``.
+
+    ``env``: variables the process starts with (``CUDA_VISIBLE_DEVICES`` of one data
+    parallel rank); a spawned child copies the parent's environment when it starts."""
     ctx = multiprocessing.get_context("spawn")
     pairs = [ctx.Pipe(duplex=True) for _ in range(num_clients)]
     level = logging.getLogger().getEffectiveLevel()
     proc = ctx.Process(
         target=engine_process_main,
         args=([child for _, child in pairs], args, level, os.getpid()),
-        name="engine-core",
+        name=name or "engine-core",
     )
-    proc.start()
+    saved = {k: os.environ.get(k) for k in env or {}}
+    try:
+        os.environ.update(env or {})
+        proc.start()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     for _, child in pairs:
         child.close()
-    conns = [conn for conn, _ in pairs]
+    return proc, [conn for conn, _ in pairs]
+
+
+def wait_engine_ready(
+    proc: Any, conns: list[Any], start_timeout: float = _STARTUP_TIMEOUT_S
+) -> EngineReady:
+    """Wait until a spawned engine process has loaded the model (``StartupError`` if it
+    fails; the process is gone then)."""
     try:
         deadline = time.monotonic() + start_timeout
         readies = [_wait_ready(proc, conn, deadline, start_timeout) for conn in conns]
     except BaseException:
         kill_engine_process(proc)
         raise
-    return proc, conns, readies[0]
+    return readies[0]
 
 
 def kill_engine_process(proc: Any) -> None:
@@ -532,5 +559,7 @@ __all__ = [
     "ProcessAsyncLLM",
     "engine_process_main",
     "kill_engine_process",
+    "spawn_engine_process",
     "start_engine_process",
+    "wait_engine_ready",
 ]

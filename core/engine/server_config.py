@@ -47,6 +47,11 @@ class ServerArgs:
         30.0, "Seconds to drain in-flight requests on SIGTERM before aborting them.", "server"
     )
     metrics_without_auth: bool = arg(False, "Serve /metrics without the API key.", "server")
+    metrics_compat: str | None = arg(
+        None, "Also export every /metrics series under another server's names and labels: "
+        "vllm (vllm:*, as llm-d, the Gateway API Inference Extension and KServe read them).",
+        "server",
+    )  # fmt: skip
     log_stats_interval: float = arg(
         10.0, "Seconds between stats log lines while busy (0: off).", "server"
     )
@@ -84,8 +89,21 @@ class ServerArgs:
         "streaming over more CPU cores and needs --engine-process).", "server",
     )  # fmt: skip
 
+    headless: bool = arg(
+        False, "Run only this node's tensor-parallel workers (--node-rank > 0), no HTTP "
+        "server; node 0 runs engine serve as usual.", "server",
+    )  # fmt: skip
+    data_parallel_size: int = arg(
+        1, "Engine processes, each with its own GPUs (--tensor-parallel-size each, split by "
+        "CUDA_VISIBLE_DEVICES); every API server balances requests over them by prefix and "
+        "load. Needs --engine-process.", "server",
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
-        for name in ("max_request_body_bytes", "max_header_bytes", "max_n", "api_server_count"):
+        for name in (
+            "max_request_body_bytes", "max_header_bytes", "max_n", "api_server_count",
+            "data_parallel_size",
+        ):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be at least 1, got {getattr(self, name)}")
@@ -97,6 +115,16 @@ class ServerArgs:
             if getattr(self, name) < 0:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be >= 0 (0: off), got {getattr(self, name)}")
+        if self.metrics_compat is not None and self.metrics_compat not in ("vllm",):
+            raise ValueError(
+                f"--metrics-compat {self.metrics_compat!r} is not known; use vllm (or leave it "
+                "out for the engine: names only)"
+            )
+        if self.data_parallel_size > 1 and not self.engine_process:
+            raise ValueError(
+                f"--data-parallel-size {self.data_parallel_size} runs engine processes: drop "
+                "--no-engine-process"
+            )
         if (self.api_server_count or 1) > 1 and not self.engine_process:
             raise ValueError(
                 f"--api-server-count {self.api_server_count} needs the engine in its own "

@@ -57,7 +57,9 @@ def test_sigterm_drains_in_flight_then_exits_0(make_fake_server: Any) -> None:
     t.start()
     wait_for(lambda: len(events) >= 3)
     srv.proc.send_signal(signal.SIGTERM)
-    wait_for(lambda: httpx.get(srv.base_url + "/health").status_code == 503)
+    wait_for(lambda: httpx.get(srv.base_url + "/ready").status_code == 503)
+    assert httpx.get(srv.base_url + "/ready").json()["error"]["code"] == "draining"
+    assert httpx.get(srv.base_url + "/health").status_code == 200  # liveness: still alive
     late = httpx.post(url, json={"model": "fake", "prompt": "Hi", "max_tokens": 2})
     assert late.status_code == 503
     assert (

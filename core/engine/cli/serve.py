@@ -89,6 +89,8 @@ def serve_main(argv: list[str], engine_factory: Callable[[EngineArgs], Any] | No
         print(parsed)
         return 0
     engine_args, server_args = parsed.engine_args, parsed.server_args
+    if server_args.headless or engine_args.node_rank > 0:
+        return _serve_headless(engine_args, server_args.headless, server_args.log_level)
     try:
         setup_logging(server_args.log_level)
         check_tls_files(server_args.ssl_keyfile, server_args.ssl_certfile)
@@ -121,6 +123,31 @@ def serve_main(argv: list[str], engine_factory: Callable[[EngineArgs], Any] | No
         logger.error("%s", exc)
         return 1
     return 0
+
+
+def _serve_headless(engine_args: EngineArgs, headless: bool, log_level: str) -> int:
+    """``--headless``: this node's tensor-parallel ranks only (``executor/multinode.py``)."""
+    if not headless:
+        print(
+            f"engine serve: error: --node-rank {engine_args.node_rank} runs the ranks of "
+            "another node and serves no HTTP: add --headless (node 0 serves HTTP)",
+            file=sys.stderr,
+        )
+        return 2
+    from engine.errors import EngineError
+    from engine.executor.multinode import run_headless
+
+    try:
+        setup_logging(log_level)
+        if engine_args.model is None:
+            raise UsageError("--headless needs the model (the same path as on node 0)")
+        return run_headless(engine_args)
+    except UsageError as exc:
+        print(f"engine serve: error: {exc}", file=sys.stderr)
+        return 2
+    except EngineError as exc:
+        logger.error("%s", exc)
+        return 1
 
 
 def register(app: typer.Typer) -> None:

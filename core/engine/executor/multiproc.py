@@ -36,6 +36,7 @@ from typing import Any
 from engine.config import EngineArgs
 from engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from engine.errors import EngineError, StartupError
+from engine.executor import multinode
 from engine.executor.step_codec import StepEncoder, dumps, loads, runner_output_from_dict
 from engine.executor.validation import MAIN_GUARD_HINT, check_tensor_parallel
 from engine.executor.worker_main import run_worker
@@ -148,10 +149,14 @@ class MultiprocExecutor:
         ctx = multiprocessing.get_context("spawn")
         size = args.tensor_parallel_size
         init_method = f"tcp://127.0.0.1:{_free_port()}"
+        local_ranks = list(range(size))
+        if args.nnodes > 1:  # the other nodes' ranks connect over TCP (multinode.py)
+            init_method = multinode.init_method(args)
+            local_ranks = multinode.node_ranks(args)
         args_json = json.dumps(asdict(args))
         workers: list[_WorkerHandle] = []
         try:
-            for rank in range(size):
+            for rank in local_ranks:
                 parent_conn, child_conn = ctx.Pipe()
                 process = ctx.Process(
                     target=run_worker,
@@ -162,6 +167,10 @@ class MultiprocExecutor:
                 process.start()
                 child_conn.close()
                 workers.append(_WorkerHandle(rank, process, parent_conn))
+            remote = [r for r in range(size) if r not in local_ranks]
+            if remote:
+                for rank, conn in sorted(multinode.accept_remote_ranks(args, remote).items()):
+                    workers.append(_WorkerHandle(rank, multinode.RemoteProcess(conn), conn))
         except BaseException:
             _stop_workers(workers, graceful=False)
             raise
@@ -195,7 +204,11 @@ class MultiprocExecutor:
         pending = {w.rank for w in self._workers}
         while pending:
             conns = {self._workers[r].conn: r for r in pending}
-            sentinels = {w.process.sentinel: w.rank for w in self._workers}
+            sentinels = {
+                w.process.sentinel: w.rank
+                for w in self._workers
+                if w.process.sentinel is not None  # a remote rank: its connection's EOF
+            }
             for ready in wait([*conns, *sentinels], timeout=_POLL_S):
                 if ready not in conns:
                     raise self._fail(phase)

@@ -89,5 +89,8 @@ def check_tensor_parallel(args: EngineArgs, pm: Any, hf_config: Any) -> None:
             "tensor parallelism does not support quantized models yet; "
             "use --tensor-parallel-size 1 or an unquantized checkpoint"
         )
+    from engine.executor.multinode import check_multinode, ranks_per_node
+
+    check_multinode(args)
     _check_sizes(size, hf_config)
-    _check_devices(size, args.device)
+    _check_devices(ranks_per_node(args), args.device)

@@ -41,8 +41,9 @@ class Worker:
 
     def _pin_device(self, device: torch.device) -> torch.device:
         if device.type == "cuda":
-            torch.cuda.set_device(self.rank)
-            return torch.device("cuda", self.rank)
+            local_rank = self.rank % max(1, self.world_size // self.args.nnodes)  # --nnodes
+            torch.cuda.set_device(local_rank)
+            return torch.device("cuda", local_rank)
         # Ranks share the host's cores; oversubscribed BLAS threads slow every rank.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world_size))
         return device

@@ -1,8 +1,9 @@
 """The FastAPI app: routes, middleware (request ids, draining), auth and error handlers.
 
 ``build_app(ctx, server_args)`` is pure (tests drive it in-process); ``server.py`` runs it
-under uvicorn with signal handling. Every route but ``/health`` carries the API-key
-dependency when a key is set (``/metrics`` too unless ``--metrics-without-auth``).
+under uvicorn with signal handling. Every route but ``/health`` and ``/ready`` (probes,
+``probes.py``) carries the API-key dependency when a key is set (``/metrics`` too unless
+``--metrics-without-auth``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ from engine.entrypoints.openai.errors import (
 from engine.entrypoints.openai.http_limits import RequestSizeLimitMiddleware
 from engine.entrypoints.openai.metrics import CONTENT_TYPE
 from engine.entrypoints.openai.openapi_schema import install_openapi
+from engine.entrypoints.openai.probes import (
+    PROBE_PATHS,
+    liveness_failure,
+    probe_response,
+    readiness_failure,
+)
 from engine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -58,14 +65,6 @@ from engine.server_config import ServerArgs
 
 logger = logging.getLogger("engine.server")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
-
-
-def engine_is_ready(engine_client: Any) -> bool:
-    ready = engine_client.is_ready
-    ready = ready() if callable(ready) else ready
-    dead = getattr(engine_client, "dead_error", None)
-    dead = dead() if callable(dead) and not isinstance(dead, BaseException) else dead
-    return bool(ready) and dead is None
 
 
 async def scheduler_stats(engine_client: Any) -> Any:
@@ -98,7 +97,7 @@ class RequestIdMiddleware:
                 message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
-        if self.ctx.inflight.draining:
+        if self.ctx.inflight.draining and scope.get("path") not in PROBE_PATHS:
             body = error_body("The server is shutting down; retry on another replica.", 503)
             response = JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
             await response(scope, receive, send_with_id)
@@ -184,23 +183,17 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        stalled_s = engine_stalled_for(ctx.engine)
-        stall_limit = server_args.health_stall_timeout
-        if stall_limit > 0 and stalled_s > stall_limit:
-            message = (
-                f"The engine loop has made no progress for {stalled_s:.0f} s with requests "
-                f"pending (--health-stall-timeout {stall_limit:g})."
-            )
-            return JSONResponse(error_body(message, 503), status_code=503)
-        if engine_is_ready(ctx.engine) and not ctx.inflight.draining:
-            return Response(status_code=200)
-        dead = getattr(ctx.engine, "dead_error", None)
-        message = (
-            "Engine is not ready (stopped; see the server log)."
-            if dead
-            else ("Engine is not ready.")
+        """Liveness: 200 while the engine is alive, draining included."""
+        failure = liveness_failure(ctx.engine, server_args.health_stall_timeout)
+        return Response(status_code=200) if failure is None else failure.response()
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        """Readiness: 200 only when loaded, alive and not draining; else 503 with a reason."""
+        failure = readiness_failure(
+            ctx.engine, server_args.health_stall_timeout, ctx.inflight.draining
         )
-        return JSONResponse(error_body(message, 503), status_code=503)
+        return probe_response(failure, {"status": "ready"})
 
     @router.get("/version")
     async def version() -> dict[str, str]:
@@ -251,7 +244,7 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
     @router.get("/load")
     async def load() -> dict[str, Any]:
         stats = await scheduler_stats(ctx.engine)
-        return {
+        body = {
             "num_requests_running": stats.num_running,
             "num_requests_waiting": stats.num_waiting,
             "kv_cache_usage": stats.kv_cache_usage,
@@ -259,6 +252,10 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
             "num_total_blocks": stats.num_total_blocks,
             "num_http_requests_in_flight": len(ctx.inflight),
         }
+        engine_loads = getattr(ctx.engine, "engine_loads", None)
+        if callable(engine_loads):  # --data-parallel-size > 1: each engine's own
+            body["engines"] = engine_loads()
+        return body
 
     async def metrics() -> Response:
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)

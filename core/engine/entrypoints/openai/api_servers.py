@@ -17,6 +17,10 @@ server (a second signal: forwarded again, they abort at once); each drains as a 
 server does and says "stop" to the engine process, which exits once no API server is left.
 If any API server or the engine process dies, the others are stopped and ``engine serve``
 exits 1, so an orchestrator restarts the whole server.
+
+``--data-parallel-size N`` starts N engine processes (each on its own GPUs, started in
+parallel) and gives every API server one pipe to each; the API server balances its
+requests over them (``engine/data_parallel.py``).
 """
 
 from __future__ import annotations
@@ -32,11 +36,13 @@ import sys
 from typing import Any
 
 from engine.config import EngineArgs
+from engine.data_parallel import DataParallelAsyncLLM, device_groups
 from engine.engine_process import (
     EngineReady,
     ProcessAsyncLLM,
     kill_engine_process,
-    start_engine_process,
+    spawn_engine_process,
+    wait_engine_ready,
 )
 from engine.errors import EngineError
 from engine.log_setup import configure_logging
@@ -76,40 +82,81 @@ def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
 
 
 def run_api_servers(engine_args: EngineArgs, server_args: ServerArgs) -> None:
-    """Serve with ``server_args.api_server_count`` API server processes until a signal."""
+    """Serve with ``server_args.api_server_count`` API server processes over
+    ``--data-parallel-size`` engine processes until a signal."""
     count = server_args.api_server_count or 1
+    num_engines = server_args.data_parallel_size
+    envs = engine_envs(engine_args, num_engines)
     sockets = bind_sockets(server_args.host, server_args.port, count)
+    engines: list[tuple[Any, list[Any]]] = []
     try:
-        engine_proc, conns, ready = start_engine_process(engine_args, count)
+        for rank, env in enumerate(envs):
+            name = "engine-core" if num_engines == 1 else f"engine-core-{rank}"
+            engines.append(spawn_engine_process(engine_args, count, env, name))
+        readies = [wait_engine_ready(proc, conns) for proc, conns in engines]
     except BaseException:
+        for proc, _ in engines:
+            kill_engine_process(proc)
         for sock in sockets:
             sock.close()
         raise
+    engine_procs = [proc for proc, _ in engines]
     ctx = multiprocessing.get_context("spawn")
     level = logging.getLogger().getEffectiveLevel()
     servers = []
     try:
-        for index, (conn, sock) in enumerate(zip(conns, sockets, strict=True)):
-            args = (index, conn, ready, sock, engine_args, server_args, level, os.getpid())
+        for index, sock in enumerate(sockets):
+            conns = [engine_conns[index] for _, engine_conns in engines]
+            args = (index, conns, readies, sock, engine_args, server_args, level, os.getpid())
             proc = ctx.Process(target=api_server_main, args=args, name=f"api-server-{index}")
             proc.start()
-            conn.close()  # the API server holds its ends now
+            for conn in conns:
+                conn.close()  # the API server holds its ends now
             sock.close()
             servers.append(proc)
-        logger.info("Started %d API server processes over one engine process.", count)
-        failure = _supervise(servers, engine_proc)
+        logger.info(
+            "Started %d API server process(es) over %d engine process(es).", count, num_engines
+        )
+        failure = _supervise(servers, engine_procs)
     finally:
         for proc in servers:
             if proc.is_alive():
                 proc.kill()
             proc.join(5)
-        engine_proc.join(_ENGINE_EXIT_TIMEOUT_S)
-        kill_engine_process(engine_proc)
+        for engine_proc in engine_procs:
+            engine_proc.join(_ENGINE_EXIT_TIMEOUT_S)
+            kill_engine_process(engine_proc)
     if failure is not None:
         raise EngineError(failure)
 
 
-def _supervise(servers: list[Any], engine_proc: Any) -> str | None:
+def engine_envs(engine_args: EngineArgs, num_engines: int) -> list[dict[str, str]]:
+    """Each engine process's environment: its own GPUs under ``--data-parallel-size``."""
+    if num_engines == 1:
+        return [{}]
+    if engine_args.nnodes > 1:
+        raise EngineError(
+            f"--data-parallel-size {num_engines} with --nnodes {engine_args.nnodes} is not "
+            "supported: run one tensor-parallel group per set of nodes (one replica each)"
+        )
+    device, visible = engine_args.device, []
+    if device != "cpu":
+        listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if listed is not None:
+            visible = [d.strip() for d in listed.split(",") if d.strip()]
+        else:
+            import torch
+
+            visible = [str(i) for i in range(torch.cuda.device_count())]
+        if device == "auto" and not visible:
+            device = "cpu"
+    try:
+        return device_groups(num_engines, engine_args.tensor_parallel_size, device, visible)
+    except ValueError as exc:
+        raise EngineError(str(exc)) from None
+
+
+def _supervise(servers: list[Any], engine_procs: list[Any]) -> str | None:
     """Wait until every API server has exited; forward signals; on a death, stop the rest.
     Returns why the server failed, or None after a requested shutdown."""
     signals = 0
@@ -133,11 +180,11 @@ def _supervise(servers: list[Any], engine_proc: Any) -> str | None:
         while any(proc.exitcode is None for proc in servers):
             sentinels = [p.sentinel for p in servers if p.exitcode is None]
             if failure is None:
-                sentinels.append(engine_proc.sentinel)
+                sentinels += [p.sentinel for p in engine_procs]
             multiprocessing.connection.wait(sentinels, timeout=0.5)
             if failure is not None or signals:
                 continue
-            failure = _first_failure(servers, engine_proc)
+            failure = _first_failure(servers, engine_procs)
             if failure is not None:
                 logger.error("%s; stopping the server", failure)
                 stop_servers()
@@ -153,19 +200,21 @@ def _supervise(servers: list[Any], engine_proc: Any) -> str | None:
     return failure
 
 
-def _first_failure(servers: list[Any], engine_proc: Any) -> str | None:
+def _first_failure(servers: list[Any], engine_procs: list[Any]) -> str | None:
     for index, proc in enumerate(servers):
         if proc.exitcode is not None:
             return f"API server {index} exited unexpectedly (exit code {proc.exitcode})"
-    if engine_proc.exitcode is not None:
-        return f"the engine process exited unexpectedly (exit code {engine_proc.exitcode})"
+    for rank, proc in enumerate(engine_procs):
+        if proc.exitcode is not None:
+            which = "the engine process" if len(engine_procs) == 1 else f"engine process {rank}"
+            return f"{which} exited unexpectedly (exit code {proc.exitcode})"
     return None
 
 
 def api_server_main(
     index: int,
-    conn: Any,
-    ready: EngineReady,
+    conns: list[Any],
+    readies: list[EngineReady],
     sock: socket.socket,
     engine_args: EngineArgs,
     server_args: ServerArgs,
@@ -184,7 +233,8 @@ def api_server_main(
     sys.setswitchinterval(_GIL_SWITCH_INTERVAL_S)
     try:
         features = load_chat_features(engine_args, server_args)
-        engine_client = ProcessAsyncLLM(engine_args, conn, ready)
+        clients = [ProcessAsyncLLM(engine_args, c, r) for c, r in zip(conns, readies, strict=True)]
+        engine_client: Any = clients[0] if len(clients) == 1 else DataParallelAsyncLLM(clients)
         serve_engine(engine_client, engine_args, server_args, features, [sock], index)
     except EngineError as exc:
         logger.error("%s", exc)

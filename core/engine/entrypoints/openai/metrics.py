@@ -85,6 +85,8 @@ class ServerMetrics:
     def __init__(self, model_name: str, stats_fn: Callable[[], Any]) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry()
+        # Rendered after ``registry`` (``--metrics-compat``: the same values, other names).
+        self.extra_registries: list[CollectorRegistry] = []
         self.totals = ThroughputTotals()
         self._lock = threading.Lock()
         self.engine_reports_iterations = False
@@ -120,7 +122,7 @@ class ServerMetrics:
             self.request_success.labels(model_name, reason)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return b"".join(generate_latest(r) for r in [self.registry, *self.extra_registries])
 
     def _add_tokens(self, num_prompt: int, num_generation: int) -> None:
         with self._lock:

@@ -166,15 +166,15 @@ def run_server(
     """Start the engine, serve until a signal, drain, shut the engine down."""
     if engine_factory is None:
         count = resolve_api_server_count(server_args, engine_args.device)
-    elif (server_args.api_server_count or 1) > 1:
-        raise EngineError("--api-server-count > 1 starts its own engine process")
+    elif (server_args.api_server_count or 1) > 1 or server_args.data_parallel_size > 1:
+        raise EngineError("--api-server-count > 1 and --data-parallel-size > 1 start engines")
     else:
         count = 1
     server_args = dataclasses.replace(server_args, api_server_count=count)
     logger.info("Resolved configuration:\n%s", describe_config(engine_args, server_args))
     # Parser flags are checked before the (slow) engine start; a bad one exits non-zero.
     features = load_chat_features(engine_args, server_args)
-    if count > 1:
+    if count > 1 or server_args.data_parallel_size > 1:
         from engine.entrypoints.openai.api_servers import run_api_servers
 
         run_api_servers(engine_args, server_args)
@@ -218,6 +218,12 @@ def serve_engine(
             features=features,
         )
         attach_stats_listener(engine_client, ctx.metrics)
+        if server_args.metrics_compat == "vllm":
+            from engine.entrypoints.openai.metrics_vllm import vllm_compat_registry
+
+            ctx.metrics.extra_registries.append(
+                vllm_compat_registry(ctx.metrics.registry, engine_client.stats, engine_args)
+            )
         app = build_app(ctx, server_args)
         config = uvicorn.Config(
             app,
