@@ -44,6 +44,12 @@ LLAMA_8B = {
     "bos_token_id": 128000,
     "eos_token_id": 128001,
 }
+# Prefill ceiling for the Qwen3-0.6B shape: 2 FLOPs per weight per token over the 0.44 B
+# non-embedding weights (28 layers x (q/k/v/o 6.3 M + MLP 9.4 M)) plus attention over an
+# average 256-token context (4 x 28 x 256 x 2048), at the measured 743 TFLOP/s bf16 rate.
+_FLOPS_PER_TOKEN = 2 * 28 * (1024 * (2048 + 2 * 1024) + 2048 * 1024 + 3 * 1024 * 3072)
+_FLOPS_PER_TOKEN += 4 * 28 * 256 * 2048
+ROOFLINE_TOK_S = 743e12 / _FLOPS_PER_TOKEN
 # name -> (engine bench args, vllm bench args, what is compared)
 W1 = ("throughput", ["--num-prompts", "1024", "--input-len", "512", "--output-len", "256"])
 W4_ENGINE = ["--dataset-name", "nano-vllm", "--max-model-len", "4096", "--temperature", "0.6"]
@@ -98,6 +104,9 @@ def vllm(out: Path, name: str, kind: str, model: Path, args: list[str]) -> dict[
     m = re.search(r"([\d.]+) output tokens/s", text)
     if m:
         found["output_tokens_per_s"] = float(m.group(1))
+    m = re.search(r"([\d.]+) total tokens/s", text)
+    if m:
+        found["total_tokens_per_s"] = float(m.group(1))
     m = re.search(r"Avg latency: ([\d.]+) seconds", text)
     if m:
         found["avg_latency_s"] = float(m.group(1))
@@ -142,6 +151,21 @@ def main() -> None:
                 row["engine_sync"] = engine(work, "w4_sync", "throughput", qwen, W4_ENGINE, True)
             row["vllm"] = vllm(work, "w4_vllm", "throughput", qwen, W4_VLLM)
             key = "output_tokens_per_s"
+        elif part == "prefill":  # W1's prompts with one output token: prefill rate
+            pargs = ["--num-prompts", "1024", "--input-len", "512", "--output-len", "1"]
+            row["engine"] = engine(work, "prefill", "throughput", qwen, pargs, False)
+            vargs = ["--dataset-name", "random", "--random-input-len", "512"]
+            vargs += ["--random-output-len", "1", "--num-prompts", "1024"]
+            v = vllm(work, "prefill_vllm", "throughput", qwen, vargs)
+            for r in (row["engine"], v):
+                if r and "elapsed_s" in r:
+                    r["prefill_tokens_per_s"] = r["prompt_tokens"] / r["elapsed_s"]
+                    r["fraction_of_bf16_roofline"] = r["prefill_tokens_per_s"] / ROOFLINE_TOK_S
+            if v and "total_tokens_per_s" in v:  # vLLM prints total = prompt + 1 per request
+                v["prefill_tokens_per_s"] = v["total_tokens_per_s"] * 512 / 513
+                v["fraction_of_bf16_roofline"] = v["prefill_tokens_per_s"] / ROOFLINE_TOK_S
+            row["vllm"] = v
+            key = "prefill_tokens_per_s"
         elif part in ("w2", "llama8b"):
             model = qwen if part == "w2" else llama_dir(work, qwen)
             iters = ["--num-iters", "3", "--num-iters-warmup", "1"]
