@@ -32,7 +32,11 @@ from typing import Any
 
 from engine.config import EngineArgs
 from engine.core.outputs import SchedulerStats
-from engine.errors import EngineError, RequestValidationError
+from engine.errors import (
+    EngineDeadError,
+    EngineRequestError,
+    RequestValidationError,
+)
 from engine.llm_engine import LLMEngine, StatsListener
 from engine.outputs import RequestOutput
 from engine.outputs_processing import EngineCounters
@@ -40,14 +44,6 @@ from engine.sampling_params import SamplingParams, StructuredOutputsParams
 from engine.tokenization.input_processor import PreparedRequest, PromptType
 
 logger = logging.getLogger(__name__)
-
-
-class EngineRequestError(EngineError):
-    """The engine failed while running this request (HTTP 500); others may go on."""
-
-
-class EngineDeadError(EngineError):
-    """The engine loop stopped; restart the server."""
 
 
 @dataclass

@@ -31,8 +31,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from engine.async_llm import EngineDeadError
 from engine.core.outputs import SchedulerStats
+from engine.errors import EngineDeadError
 from engine.outputs import RequestOutput
 from engine.outputs_processing.stats import EngineCounters
 from engine.sampling_params import SamplingParams

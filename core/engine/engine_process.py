@@ -30,9 +30,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.async_llm import AsyncLLM, EngineDeadError, _Abort, _Add
+from engine.async_llm import AsyncLLM, _Abort, _Add
 from engine.config import EngineArgs
-from engine.errors import EngineError, QueueFullError, RequestValidationError, StartupError
+from engine.errors import (
+    EngineDeadError,
+    RequestValidationError,
+    StartupError,
+    from_wire,
+    to_wire,
+)
 from engine.llm_engine import LLMEngine
 from engine.log_setup import configure_logging
 from engine.outputs import CompletionOutput, RequestOutput
@@ -43,10 +49,6 @@ logger = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT_S = 3600.0  # weights of a large model can take a long time to load
 _HEARTBEAT_S = 1.0
-_ERRORS: dict[str, type[Exception]] = {
-    "RequestValidationError": RequestValidationError,
-    "QueueFullError": QueueFullError,
-}
 
 
 # -- what crosses the pipe ------------------------------------------------------------------
@@ -89,7 +91,7 @@ def engine_process_main(
         engine = LLMEngine.from_args(args)
     except BaseException as exc:  # noqa: BLE001 - reported to the server process
         for conn in clients:
-            _post(conn, ("failed", type(exc).__name__, str(exc)))
+            _post(conn, ("failed", *to_wire(exc)))
         return
     for conn in clients:
         _post(conn, ("ready", engine.max_model_len, engine.vocab_size, engine.stats()))
@@ -233,7 +235,7 @@ class _EngineLoop:
             self._reply_added(conn, request_id, exc)
 
     def _reply_added(self, conn: Any, request_id: str, exc: BaseException | None) -> None:
-        error = None if exc is None else (type(exc).__name__, str(exc))
+        error = None if exc is None else to_wire(exc)
         if not _post(conn, ("added", request_id, error)):
             self._drop(conn)
 
@@ -353,10 +355,10 @@ def _wait_ready(proc: Any, conn: Any, deadline: float, timeout: float) -> Engine
             raise StartupError(f"the engine process did not start within {timeout:g} s")
     msg = conn.recv()
     if msg[0] == "failed":
-        name, text = msg[1], msg[2]
-        if name in ("StartupError", "PluginError", "ValueError", "TypeError"):
-            raise StartupError(text)
-        raise StartupError(f"the engine failed to start: {name}: {text}")
+        code, text = msg[1], msg[2]
+        if code == "internal_error":
+            raise StartupError(f"the engine failed to start: {text}")
+        raise StartupError(text)
     return EngineReady(int(msg[1]), int(msg[2]), msg[3])
 
 
@@ -494,7 +496,7 @@ class ProcessAsyncLLM(AsyncLLM):
             return
         self._streams.pop(request_id, None)
         self._requests.pop(request_id, None)
-        done.set_exception(_ERRORS.get(error[0], EngineError)(error[1]))
+        done.set_exception(from_wire(*error))
 
     def _on_step(
         self, updates: list[_Update], stats: Any, counters: EngineCounters,

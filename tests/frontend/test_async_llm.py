@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 import pytest
-from engine.async_llm import AsyncLLM, EngineDeadError, EngineRequestError
-from engine.errors import QueueFullError
+from engine.async_llm import AsyncLLM
+from engine.errors import EngineDeadError, EngineRequestError, QueueFullError
 from engine.sampling_params import SamplingParams
 from fake_runner import build_engine, scripted, seeded_random
 

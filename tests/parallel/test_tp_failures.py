@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from engine import LLM, SamplingParams
-from engine.executor.multiproc import WorkerFailedError
+from engine.errors import WorkerFailedError
 from engine.executor.step_codec import dumps
 from tp_helpers import BASE, wait_gone
 

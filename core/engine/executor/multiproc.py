@@ -35,7 +35,7 @@ from typing import Any
 
 from engine.config import EngineArgs
 from engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
-from engine.errors import EngineError, StartupError
+from engine.errors import EngineError, StartupError, WorkerFailedError
 from engine.executor import multinode
 from engine.executor.step_codec import StepEncoder, dumps, loads, runner_output_from_dict
 from engine.executor.validation import MAIN_GUARD_HINT, check_tensor_parallel
@@ -48,10 +48,6 @@ __all__ = ["MultiprocExecutor", "WorkerFailedError"]
 _POLL_S = 1.0  # how often a wait re-checks (sentinels wake it at once anyway)
 _FAILURE_GRACE_S = 2.0  # after a failure, how long to collect the other ranks' reports
 _SHUTDOWN_JOIN_S = 5.0
-
-
-class WorkerFailedError(EngineError):
-    """A tensor-parallel worker raised or died; the engine cannot continue (restart it)."""
 
 
 @dataclass

@@ -7,3 +7,5 @@ from engine.errors import EngineError
 
 class PluginError(EngineError):
     """A plugin is missing, broken, conflicting or unsuitable; the message says the fix."""
+
+    code = "plugin_error"

@@ -21,7 +21,7 @@ from fastapi import Request
 from engine.entrypoints.openai.errors import APIError, internal_error, model_not_found
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import SamplingFields
-from engine.errors import EngineError, QueueFullError
+from engine.errors import EngineDeadError, EngineError, QueueFullError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -222,7 +222,7 @@ class EngineStream:
             raise APIError(str(exc), 400) from None
         except EngineError as exc:
             self.finished = True
-            if type(exc).__name__ == "EngineDeadError":
+            if isinstance(exc, EngineDeadError):
                 logger.error("request %s: engine not running: %s", self.req_id, exc)
                 raise APIError(
                     "The engine is not running; retry on another replica.", 503
