@@ -9,11 +9,12 @@ from engine.structured_output.masks import DeviceMaskCache, EosRules, unpack_mas
 from structured_output_fakes import FixedMatcher
 
 VOCAB = 37  # not a multiple of 8: the last byte is partly padding
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_packed_bits_equal_the_widened_masks() -> None:
     rules = EosRules([3, 30])
-    cache = DeviceMaskCache(rules, torch.device("cpu"))
+    cache = DeviceMaskCache(rules, DEVICE)
     matchers = [
         FixedMatcher(VOCAB, [0, 5, 30]),  # may end: both EOS ids allowed
         FixedMatcher(VOCAB, [1, 2, 36]),  # may not end
@@ -23,7 +24,8 @@ def test_packed_bits_equal_the_widened_masks() -> None:
     for matcher in matchers:
         packed = cache.packed(matcher, VOCAB)
         assert packed is not None and packed.dtype == torch.uint8 and packed.shape == (5,)
-        got = unpack_masks(packed[None, :], VOCAB)[0]
+        assert packed.device.type == DEVICE.type
+        got = unpack_masks(packed[None, :], VOCAB)[0].cpu()
         assert torch.equal(got, rules.widen(matcher, VOCAB))
 
 
@@ -44,14 +46,14 @@ def test_one_entry_per_state_reused_and_rebuilt_when_the_state_object_changes() 
 
 def test_sampler_applies_packed_rows_like_bool_rows() -> None:
     rules = EosRules([3])
-    cache = DeviceMaskCache(rules, torch.device("cpu"))
+    cache = DeviceMaskCache(rules, DEVICE)
     matchers = [FixedMatcher(VOCAB, [0, 4, 8]), None, FixedMatcher(VOCAB, [36])]
-    logits = torch.randn(3, VOCAB)
+    logits = torch.randn(3, VOCAB, device=DEVICE)
     packed = apply_allowed_token_masks(
         logits.clone(), [None if m is None else cache.packed(m, VOCAB) for m in matchers]
     )
     plain = apply_allowed_token_masks(
         logits.clone(), [None if m is None else rules.widen(m, VOCAB) for m in matchers]
     )
-    assert torch.equal(packed, plain)
+    assert torch.equal(packed, plain) and packed.device.type == DEVICE.type
     assert torch.isinf(packed[0]).sum() == VOCAB - 3 and not torch.isinf(packed[1]).any()
