@@ -4,7 +4,6 @@ own code and comes back as the same class; anything else is an internal error.""
 from __future__ import annotations
 
 import pytest
-
 from engine import errors
 from engine.plugins.errors import PluginError
 
