@@ -113,6 +113,10 @@ def vllm(out: Path, name: str, kind: str, model: Path, args: list[str]) -> dict[
     return found
 
 
+def _no_vllm(*_: Any) -> dict[str, Any] | None:
+    return None
+
+
 def llama_dir(out: Path, tokenizer_dir: Path) -> Path:
     path = out / "llama-8b"
     path.mkdir(parents=True, exist_ok=True)
@@ -128,10 +132,14 @@ def main() -> None:
     parser.add_argument("--parts", default="w1,w4")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--sync", action="store_true", help="also Engine --no-async-scheduling")
+    parser.add_argument("--engine-only", action="store_true", help="skip vLLM (no ratio)")
+    parser.add_argument("--model", type=Path, help="Qwen3-0.6B-shaped folder (default $VLLM_MODEL)")
     args = parser.parse_args()
     work = Path("/tmp/sbs")
     work.mkdir(exist_ok=True)
-    qwen = Path(os.environ.get("VLLM_MODEL", str(HOME / "v/model")))
+    qwen = args.model or Path(os.environ.get("VLLM_MODEL", str(HOME / "v/model")))
+    run_vllm = _no_vllm if args.engine_only else vllm
+
     table: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
     table["commit"] = commit.stdout.strip() or os.environ.get("ENGINE_COMMIT", "")
@@ -143,20 +151,20 @@ def main() -> None:
                 row["engine_sync"] = engine(work, "w1_sync", "throughput", qwen, W1[1], True)
             vargs = ["--dataset-name", "random", "--random-input-len", "512"]
             vargs += ["--random-output-len", "256", "--num-prompts", "1024"]
-            row["vllm"] = vllm(work, "w1_vllm", "throughput", qwen, vargs)
+            row["vllm"] = run_vllm(work, "w1_vllm", "throughput", qwen, vargs)
             key = "output_tokens_per_s"
         elif part == "w4":
             row["engine"] = engine(work, "w4", "throughput", qwen, W4_ENGINE, False)
             if args.sync:
                 row["engine_sync"] = engine(work, "w4_sync", "throughput", qwen, W4_ENGINE, True)
-            row["vllm"] = vllm(work, "w4_vllm", "throughput", qwen, W4_VLLM)
+            row["vllm"] = run_vllm(work, "w4_vllm", "throughput", qwen, W4_VLLM)
             key = "output_tokens_per_s"
         elif part == "prefill":  # W1's prompts with one output token: prefill rate
             pargs = ["--num-prompts", "1024", "--input-len", "512", "--output-len", "1"]
             row["engine"] = engine(work, "prefill", "throughput", qwen, pargs, False)
             vargs = ["--dataset-name", "random", "--random-input-len", "512"]
             vargs += ["--random-output-len", "1", "--num-prompts", "1024"]
-            v = vllm(work, "prefill_vllm", "throughput", qwen, vargs)
+            v = run_vllm(work, "prefill_vllm", "throughput", qwen, vargs)
             for r in (row["engine"], v):
                 if r and "elapsed_s" in r:
                     r["prefill_tokens_per_s"] = r["prompt_tokens"] / r["elapsed_s"]
@@ -174,7 +182,7 @@ def main() -> None:
                 row["engine_sync"] = engine(
                     work, part + "_sync", "latency", model, W2 + iters, True
                 )
-            v = vllm(work, part + "_vllm", "latency", model, W2 + iters)
+            v = run_vllm(work, part + "_vllm", "latency", model, W2 + iters)
             if v and "avg_latency_s" in v:
                 v["ms_per_output_token"] = 1000 * v["avg_latency_s"] / 256
             row["vllm"] = v
