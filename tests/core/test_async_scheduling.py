@@ -113,3 +113,23 @@ def test_requests_needing_their_history_are_sampled_after_the_step_in_flight() -
     # pen: 5 decode samplings deferred; min: the 3 while it is short of min_tokens.
     assert core_fakes.DEFERRED_WITH_HISTORY[0] == 5 + 3
     assert runner.num_placeholder_inputs == 3 * 5  # no request waited for the host
+
+
+def test_a_failed_step_leaves_no_pending_prefix_blocks_behind() -> None:
+    """A runner failure abandons the open steps: a later request sharing the prefix their
+    blocks were computing is not held back waiting for blocks that never arrive."""
+    core, runner = make_core(block_size=4)
+    core.add_request(make_request("a", [*PROMPT, 1, 2, 3], max_tokens=4))
+    original = runner.execute
+
+    def fail(*_: object) -> object:
+        raise RuntimeError("device lost")
+
+    runner.execute = fail  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        core.step()
+    core.abort_requests("a")
+    runner.execute = original  # type: ignore[method-assign]
+    core.add_request(make_request("b", [*PROMPT, 1, 2, 3], max_tokens=2))
+    result = run_to_completion(core, max_steps=20)
+    assert result.tokens["b"] == reference_tokens([*PROMPT, 1, 2, 3], 2)

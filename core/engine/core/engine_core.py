@@ -84,6 +84,16 @@ class EngineCore:
 
         Async scheduling: returns the outputs of the step launched by the previous call
         (and launches the next one)."""
+        try:
+            return self._step()
+        except BaseException:
+            # The failed steps are never applied: their prefix-cache pending marks must not
+            # hold back requests that wait for those blocks. The caller fails the requests.
+            self._in_flight = None
+            self.scheduler.abandon_open_steps()
+            raise
+
+    def _step(self) -> list[EngineCoreOutput]:
         if self.async_runner is None:
             scheduler_output = self.scheduler.schedule()
             if scheduler_output.is_empty:

@@ -162,6 +162,11 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 
+    def abandon_open_steps(self) -> None:
+        """Steps scheduled but never to be applied (the runner failed): forget what they
+        were computing."""
+        self.kv.abandon_open_steps()
+
     def needs_step_results(self) -> bool:
         """Whether a running request with a token still on the device needs that token on
         the host before its next token is sampled (penalties, ``min_tokens``, structured

@@ -114,6 +114,10 @@ class KVCacheManager:
         """The oldest open step was applied: its blocks are cached (or never will be)."""
         self._pending_steps.popleft()
 
+    def abandon_open_steps(self) -> None:
+        """No open step will be applied (the runner failed)."""
+        self._pending_steps.clear()
+
     def mark_pending(self, request: Request, num_new_tokens: int) -> None:
         """Note the full blocks this step's chunk of ``request`` will compute.
 
