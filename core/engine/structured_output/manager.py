@@ -26,6 +26,7 @@ from engine_sdk.specs import StructuredOutputBackendSpec
 from engine.errors import RequestValidationError, StartupError
 from engine.plugins.errors import PluginError
 from engine.sampling_params import StructuredOutputsParams
+from engine.structured_output.bounds import check_bounds
 from engine.structured_output.cache import GrammarCache
 from engine.structured_output.compile_pool import CompilePool, with_deadline
 from engine.structured_output.config import StructuredOutputsConfig
@@ -157,6 +158,9 @@ class StructuredOutputManager:
         timeout = self.config.compile_timeout_s if timeout_s is None else timeout_s
         try:
             key = grammar_key(params, self.config.max_spec_chars)
+            check_bounds(
+                key.kind, key.canonical, self.config.max_repeat, self.config.max_schema_depth
+            )
         except RequestValidationError as exc:
             return _completed(error=exc)
         cached = self.cache.get(key)
