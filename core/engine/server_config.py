@@ -56,6 +56,17 @@ class ServerArgs:
     max_header_bytes: int = arg(
         64 * 1024, "Largest HTTP request line plus headers accepted (larger: 400).", "server"
     )
+    http_header_timeout: float = arg(
+        10.0, "Seconds a connection has to send its complete request line and headers (after "
+        "it opens, or after its previous response); then it is closed (0: off).", "server",
+    )  # fmt: skip
+    http_keep_alive_timeout: float = arg(
+        5.0, "Seconds an idle keep-alive connection stays open between requests.", "server"
+    )
+    max_connections: int = arg(
+        2048, "Most open HTTP connections; one more is answered 503 and closed. The soft "
+        "file-descriptor limit is raised to fit it when the hard limit allows.", "server",
+    )  # fmt: skip
     max_n: int = arg(8, "Most choices (n) one request may ask for.", "server")
     trust_request_chat_template: bool = arg(
         False,
@@ -85,7 +96,10 @@ class ServerArgs:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        for name in ("max_request_body_bytes", "max_header_bytes", "max_n", "api_server_count"):
+        for name in (
+            "max_request_body_bytes", "max_header_bytes", "max_n", "api_server_count",
+            "max_connections", "http_keep_alive_timeout",
+        ):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be at least 1, got {getattr(self, name)}")
@@ -93,7 +107,9 @@ class ServerArgs:
             if not getattr(self, name) > 0:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be positive, got {getattr(self, name)}")
-        for name in ("health_stall_timeout", "watchdog_timeout", "shutdown_timeout"):
+        for name in (
+            "health_stall_timeout", "watchdog_timeout", "shutdown_timeout", "http_header_timeout",
+        ):  # fmt: skip
             if getattr(self, name) < 0:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be >= 0 (0: off), got {getattr(self, name)}")

@@ -35,7 +35,7 @@ def _too_large(kind: str, what: str, count: int, limit: int) -> RequestValidatio
     return RequestValidationError(
         f"structured_outputs.{kind}: {what} asks for {count} repetitions, over the limit of "
         f"{limit} (counts multiply when nested); use smaller counts, or the operator can "
-        "raise --structured-outputs-config.max_repeat"
+        "raise --structured-outputs-config.max-repeat"
     )
 
 
@@ -123,7 +123,7 @@ def check_schema(schema: Any, max_repeat: int, max_depth: int) -> None:
             raise RequestValidationError(
                 f"structured_outputs.json: the schema nests more than {max_depth} levels of "
                 f"objects and arrays (at ...{path[-80:]}); flatten it, or the operator "
-                "can raise --structured-outputs-config.max_schema_depth"
+                "can raise --structured-outputs-config.max-schema-depth"
             )
         if isinstance(node, dict):
             own = factor

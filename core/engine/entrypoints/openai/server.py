@@ -28,6 +28,7 @@ import uvicorn
 from engine.config import EngineArgs
 from engine.entrypoints.openai.api_server import build_app, describe_config, engine_stalled_for
 from engine.entrypoints.openai.chat_features import load_chat_features
+from engine.entrypoints.openai.connection_limits import uvicorn_connection_options
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.serving_base import ServingContext
 from engine.errors import EngineError
@@ -228,11 +229,14 @@ def serve_engine(
             access_log=server_args.enable_log_requests,
             ssl_keyfile=server_args.ssl_keyfile,
             ssl_certfile=server_args.ssl_certfile,
-            http="h11",
             h11_max_incomplete_event_size=server_args.max_header_bytes,
             timeout_graceful_shutdown=int(_ABORT_GRACE_S),
-            timeout_keep_alive=5,
             lifespan="on",
+            **uvicorn_connection_options(
+                server_args.http_header_timeout,
+                server_args.http_keep_alive_timeout,
+                server_args.max_connections,
+            ),
         )
         server = EngineServer(
             config, ctx, server_args.shutdown_timeout, server_args.watchdog_timeout
