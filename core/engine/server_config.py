@@ -84,6 +84,11 @@ class ServerArgs:
         600.0, "Exit non-zero when the engine loop makes no progress for this many seconds "
         "with work pending, so an orchestrator restarts the server (0: off).", "server",
     )  # fmt: skip
+    engine_heartbeat_timeout: float = arg(
+        15.0, "Exit non-zero when the idle engine process has sent no heartbeat (one a "
+        "second) for this many seconds: it is stopped or wedged (0: off). A dead engine "
+        "process always ends the server within a second.", "server",
+    )  # fmt: skip
     log_level: str = arg("info", "debug, info, warning or error.", "server")
     engine_process: bool = arg(
         True, "Run the engine core in its own process, so HTTP work and the engine do not "
@@ -109,6 +114,7 @@ class ServerArgs:
                 raise ValueError(f"{flag} must be positive, got {getattr(self, name)}")
         for name in (
             "health_stall_timeout", "watchdog_timeout", "shutdown_timeout", "http_header_timeout",
+            "engine_heartbeat_timeout",
         ):  # fmt: skip
             if getattr(self, name) < 0:
                 flag = "--" + name.replace("_", "-")
