@@ -58,6 +58,7 @@ def test_soak(sec_server: Server) -> None:
     assert outcomes["ok"] > result.num_requests / 3, summary
     assert outcomes["refused"] > 0, "no burst went past the queue bound"
     assert outcomes["cancelled"] > 0, "no client went away"
+    assert outcomes["rejected"] > 0, "no hostile request was sent"
     assert result.passed, summary
     idle = result.idle_state
     assert (
