@@ -27,7 +27,7 @@ from engine.errors import RequestValidationError, StartupError
 from engine.plugins.errors import PluginError
 from engine.sampling_params import StructuredOutputsParams
 from engine.structured_output.bounds import check_bounds
-from engine.structured_output.cache import GrammarCache
+from engine.structured_output.cache import GrammarCache, RefusedGrammars, grammar_num_bytes
 from engine.structured_output.compile_pool import CompilePool, with_deadline
 from engine.structured_output.config import StructuredOutputsConfig
 from engine.structured_output.keys import GrammarKey, grammar_key
@@ -102,6 +102,7 @@ class StructuredOutputManager:
             eos_ids.append(int(tokenizer_eos))
         self.eos_rules = EosRules(eos_ids)
         self.cache = GrammarCache(self.config.max_cache_entries, self.config.max_cache_bytes)
+        self.refused = RefusedGrammars()
         self._pool = CompilePool(self.config.num_compile_workers)
         self._lock = threading.RLock()
         self._in_flight: dict[GrammarKey, _InFlight] = {}
@@ -169,6 +170,9 @@ class StructuredOutputManager:
         with self._lock:
             flight = self._in_flight.get(key)
             if flight is None:
+                reason = self.refused.get(key)
+                if reason is not None:  # compiled once already, and failed
+                    return _completed(error=RequestValidationError(reason))
                 flight = _InFlight()
                 self._in_flight[key] = flight
                 flight.inner = self._pool.submit(
@@ -191,8 +195,20 @@ class StructuredOutputManager:
         try:
             grammar = backend.compile(key.kind, key.backend_spec())
         except (ValueError, TypeError) as exc:
-            raise RequestValidationError(f"structured_outputs.{key.kind}: {exc}") from exc
-        self.cache.put(key, grammar)
+            error = RequestValidationError(f"structured_outputs.{key.kind}: {exc}")
+            self.refused.add(key, str(error))
+            raise error from exc
+        if not self.cache.put(key, grammar) and self.cache.max_entries > 0:
+            # Too large for the whole cache: every repeat would build it again, and memory
+            # would ratchet up by its size each time. Refuse it, now and on repeats.
+            error = RequestValidationError(
+                f"structured_outputs.{key.kind}: the compiled grammar takes "
+                f"{grammar_num_bytes(grammar)} bytes, more than the server's whole grammar "
+                f"cache ({self.cache.max_bytes} bytes); simplify the constraint (bounded "
+                "repetitions, fewer alternatives)"
+            )
+            self.refused.add(key, str(error))
+            raise error
         return grammar
 
     def _claim(self, key: GrammarKey, flight: _InFlight) -> bool:
