@@ -67,7 +67,7 @@ class ServingContext:
     # Template rendering and tokenization run off the event loop, each within this deadline.
     prepare_timeout_s: float = 10.0
     max_prepare_workers: int = 4
-    max_prepare_queue: int = 64
+    max_prepare_queue: int = 1024
     _num_prepare_pending: int = field(default=0, init=False, repr=False)
     _prepare_pool: concurrent.futures.ThreadPoolExecutor | None = field(
         default=None, init=False, repr=False
