@@ -186,6 +186,8 @@ class Soak:
         r = await self.client.post(path, content=body, headers={"Content-Type": "application/json"})
         if r.status_code == 400 and r.json().get("error"):
             return "rejected", ""
+        if r.status_code in (429, 503) and r.headers.get("retry-after"):
+            return "refused", ""  # the queue was full: admission comes before compiling
         if r.status_code >= 500:
             return "server_error", f"{r.status_code} {r.text[:200]} for {body[:100]!r}"
         return "bad", f"{r.status_code} {r.text[:200]} for {body[:100]!r}"

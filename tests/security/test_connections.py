@@ -86,7 +86,7 @@ def test_connections_over_the_cap_are_refused(limited_server: Server) -> None:
     time.sleep(0.5)
     assert limited_server.health() == 200
     good_request(limited_server)
-    assert "over --max-connections" in limited_server.log()
+    assert "the limit of --max-connections" in limited_server.log()
 
 
 def test_idle_connections_are_closed_and_free_their_slots(limited_server: Server) -> None:

@@ -42,6 +42,7 @@ _BUSY_BODY = (
 
 def guarded_h11(header_timeout_s: float, max_connections: int) -> type[H11Protocol]:
     """uvicorn's h11 protocol with a request-head deadline and a connection cap."""
+    refusals = RefusalLog()
 
     class GuardedH11Protocol(H11Protocol):
         _head_timer: asyncio.TimerHandle | None = None
@@ -49,7 +50,7 @@ def guarded_h11(header_timeout_s: float, max_connections: int) -> type[H11Protoc
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             if len(self.connections) > max_connections:
-                _note_refused(len(self.connections))
+                refusals.note(len(self.connections) - 1)
                 transport.write(_BUSY % (len(_BUSY_BODY), _BUSY_BODY))
                 transport.close()
                 return
@@ -87,22 +88,26 @@ def guarded_h11(header_timeout_s: float, max_connections: int) -> type[H11Protoc
     return GuardedH11Protocol
 
 
-_refused = {"last": 0.0, "count": 0}
+class RefusalLog:
+    """One warning per ``interval_s`` while connections are refused, with how many were."""
 
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self.interval_s = interval_s
+        self._last = float("-inf")
+        self._count = 0
 
-def _note_refused(num_open: int) -> None:
-    """One warning per 10 s while connections are refused, with how many were."""
-    _refused["count"] += 1
-    now = time.monotonic()
-    if now - _refused["last"] >= 10.0:
-        logger.warning(
-            "Refused %d connection(s) in the last %s: %d are open, over --max-connections.",
-            _refused["count"],
-            "10 s" if _refused["last"] else "moment",
-            num_open - 1,
-        )
-        _refused["last"] = now
-        _refused["count"] = 0
+    def note(self, num_open: int) -> None:
+        self._count += 1
+        now = time.monotonic()
+        if now - self._last >= self.interval_s:
+            logger.warning(
+                "Refused %d connection(s) since the last such warning: %d are open, the "
+                "limit of --max-connections.",
+                self._count,
+                num_open,
+            )
+            self._last = now
+            self._count = 0
 
 
 def raise_fd_limit(max_connections: int) -> int:
