@@ -4,14 +4,17 @@ error within a deadline, and the server must go back to idle with every KV block
 
 Request kinds (chosen at random): a completion or chat request read whole; a stream read to
 ``[DONE]``; a stream the client drops after a few chunks; a request the client cancels after
-a random delay; and, now and then, a burst of simultaneous requests past the waiting-queue
-bound, of which some must get 503 + ``Retry-After``.
+a random delay; a hostile request that must be refused with a 400 (a lone surrogate, a
+deeply nested or oversized schema, a runaway regex, a coerced integer, prompt text no
+context could hold: issue 17); and, now and then, a burst of simultaneous requests past the
+waiting-queue bound, of which some must get 503 + ``Retry-After``.
 
 Outcomes: ``ok`` (200 with finish_reason on every choice, or a stream ending in
-``[DONE]``), ``refused`` (503 queue_full / shutting down, with Retry-After), ``cancelled`` (the
-client's own doing), and failures: ``hung`` (no answer within the deadline), ``server_error``
-(any other 5xx), ``bad`` (anything else). The run fails on any failure, or if the server does
-not return to zero running / zero waiting / 0 KV usage / all blocks free.
+``[DONE]``), ``refused`` (503 queue_full / shutting down, with Retry-After), ``rejected`` (the
+400 a hostile request must get), ``cancelled`` (the client's own doing), and failures:
+``hung`` (no answer within the deadline), ``server_error`` (any other 5xx), ``bad``
+(anything else). The run fails on any failure, or if the server does not return to zero
+running / zero waiting / 0 KV usage / all blocks free.
 
     python benchmarks/soak.py --base-url http://127.0.0.1:8000 --api-key KEY \\
         --duration 600 --json-out benchmarks/results/soak.json
@@ -33,9 +36,36 @@ from typing import Any
 
 import httpx
 
-KINDS = ("complete", "chat", "stream", "stream_drop", "cancel", "burst")
-KIND_WEIGHTS = (3, 3, 3, 2, 2, 1)
+KINDS = ("complete", "chat", "stream", "stream_drop", "cancel", "hostile", "burst")
+KIND_WEIGHTS = (3, 3, 3, 2, 2, 1, 1)
 FAILURES = ("hung", "server_error", "bad")
+
+
+def _nested_schema(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def hostile_bodies(model: str) -> list[tuple[str, bytes]]:
+    """(path, raw JSON body) pairs the server must refuse with a 400 (issue 17)."""
+    base = {"model": model, "max_tokens": 2, "prompt": "hi"}
+    changes: list[dict[str, Any]] = [
+        {"structured_outputs": {"regex": "a{1000}{1000}"}},
+        {"structured_outputs": {"json": _nested_schema(100)}},
+        {"structured_outputs": {"json": {"type": "string", "minLength": 100000}}},
+        {"max_tokens": "4"},
+        {"prompt": [1, True]},
+        {"stream_options": {"include_usage": True}},
+        {"prompt": "ab " * 40000},
+    ]
+    bodies = [("/v1/completions", json.dumps({**base, **c}).encode()) for c in changes]
+    name = model.encode()
+    chat = b'{"model": "%s", "messages": [{"role": "user", "content": "a\\ud800b"}]}'
+    bodies.append(("/v1/chat/completions", chat % name))
+    bodies.append(("/tokenize", b'{"model": "%s", "prompt": "a\\udc00"}' % name))
+    return bodies
 
 
 @dataclass
@@ -151,7 +181,20 @@ class Soak:
             outcome, detail = "bad", f"transport error {exc!r}"
         self.result.record(kind, outcome, detail, time.monotonic() - start)
 
+    async def _hostile(self) -> tuple[str, str]:
+        path, body = self.rng.choice(hostile_bodies(self.config.model))
+        r = await self.client.post(path, content=body, headers={"Content-Type": "application/json"})
+        if r.status_code == 400 and r.json().get("error"):
+            return "rejected", ""
+        if r.status_code in (429, 503) and r.headers.get("retry-after"):
+            return "refused", ""  # the queue was full: admission comes before compiling
+        if r.status_code >= 500:
+            return "server_error", f"{r.status_code} {r.text[:200]} for {body[:100]!r}"
+        return "bad", f"{r.status_code} {r.text[:200]} for {body[:100]!r}"
+
     async def _one(self, kind: str) -> tuple[str, str]:
+        if kind == "hostile":
+            return await self._hostile()
         chat = kind == "chat" or (kind != "complete" and self.rng.random() < 0.5)
         stream = kind in ("stream", "stream_drop") or (kind == "cancel" and self.rng.random() < 0.5)
         path, body = self._body(chat, stream)

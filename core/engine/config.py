@@ -96,6 +96,19 @@ class EngineArgs:
         "installed). CLI: --structured-outputs-config.backend.",
         "features",
     )
+    structured_outputs_max_repeat: int = arg(
+        1024,
+        "Largest repetition count a constraint may ask for (regex {m,n}, schema maxLength, "
+        "maxItems, ...), multiplied along nesting; larger is a 400 before compiling. "
+        "CLI: --structured-outputs-config.max-repeat.",
+        "features",
+    )
+    structured_outputs_max_schema_depth: int = arg(
+        64,
+        "Deepest nesting of a JSON schema's objects and arrays; deeper is a 400. "
+        "CLI: --structured-outputs-config.max-schema-depth.",
+        "features",
+    )
     reasoning_parser: str | None = arg(
         None,
         "Reasoning parser plugin (e.g. qwen3, deepseek_r1): the think section goes to "

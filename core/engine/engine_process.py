@@ -407,6 +407,14 @@ class ProcessAsyncLLM(AsyncLLM):
             return 0.0
         return max(0.0, time.monotonic() - self._last_message - _HEARTBEAT_S)
 
+    def silent_for(self) -> float:
+        """Seconds the idle engine process has sent nothing beyond its heartbeat period (it
+        reports at least once a second when idle); 0 while requests are in flight, where
+        a long step is normal and ``stalled_for`` judges instead."""
+        if self._streams or not self._inbox.empty():
+            return 0.0
+        return max(0.0, time.monotonic() - self._last_message - _HEARTBEAT_S)
+
     def declare_dead(self, reason: str) -> None:
         super().declare_dead(reason)
         self._fail_pending_adds(EngineDeadError(reason))

@@ -61,6 +61,17 @@ class ServerArgs:
     max_header_bytes: int = arg(
         64 * 1024, "Largest HTTP request line plus headers accepted (larger: 400).", "server"
     )
+    http_header_timeout: float = arg(
+        10.0, "Seconds a connection has to send its complete request line and headers (after "
+        "it opens, or after its previous response); then it is closed (0: off).", "server",
+    )  # fmt: skip
+    http_keep_alive_timeout: float = arg(
+        5.0, "Seconds an idle keep-alive connection stays open between requests.", "server"
+    )
+    max_connections: int = arg(
+        2048, "Most open HTTP connections; one more is answered 503 and closed. The soft "
+        "file-descriptor limit is raised to fit it when the hard limit allows.", "server",
+    )  # fmt: skip
     max_n: int = arg(8, "Most choices (n) one request may ask for.", "server")
     trust_request_chat_template: bool = arg(
         False,
@@ -77,6 +88,11 @@ class ServerArgs:
     watchdog_timeout: float = arg(
         600.0, "Exit non-zero when the engine loop makes no progress for this many seconds "
         "with work pending, so an orchestrator restarts the server (0: off).", "server",
+    )  # fmt: skip
+    engine_heartbeat_timeout: float = arg(
+        15.0, "Exit non-zero when the idle engine process has sent no heartbeat (one a "
+        "second) for this many seconds: it is stopped or wedged (0: off). A dead engine "
+        "process always ends the server within a second.", "server",
     )  # fmt: skip
     log_level: str = arg("info", "debug, info, warning or error.", "server")
     engine_process: bool = arg(
@@ -102,7 +118,7 @@ class ServerArgs:
     def __post_init__(self) -> None:
         for name in (
             "max_request_body_bytes", "max_header_bytes", "max_n", "api_server_count",
-            "data_parallel_size",
+            "data_parallel_size", "max_connections", "http_keep_alive_timeout",
         ):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 flag = "--" + name.replace("_", "-")
@@ -111,7 +127,10 @@ class ServerArgs:
             if not getattr(self, name) > 0:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be positive, got {getattr(self, name)}")
-        for name in ("health_stall_timeout", "watchdog_timeout", "shutdown_timeout"):
+        for name in (
+            "health_stall_timeout", "watchdog_timeout", "shutdown_timeout", "http_header_timeout",
+            "engine_heartbeat_timeout",
+        ):  # fmt: skip
             if getattr(self, name) < 0:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be >= 0 (0: off), got {getattr(self, name)}")

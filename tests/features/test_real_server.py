@@ -160,13 +160,15 @@ def _reassemble(stream: Any) -> list[tuple[str, str]]:
     return [(calls[i][0], calls[i][1]) for i in sorted(calls)]
 
 
-def test_grammar_is_refused_naming_the_backend(tools_server: Server) -> None:
+def test_grammar_is_refused_naming_no_internal_library(tools_server: Server) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client(tools_server).chat.completions.create(
             model="tiny", messages=MESSAGES, max_tokens=5,
             extra_body={"structured_outputs": {"grammar": 'root ::= "a"'}},
         )  # fmt: skip
-    assert "outlines" in str(info.value) and "grammar" in str(info.value)
+    message = str(info.value)
+    assert "grammar is not supported by this server" in message, message
+    assert "outlines" not in message, message  # issue 17: no internal library names
 
 
 def test_invalid_schema_and_guided_fields_are_400(tools_server: Server) -> None:

@@ -8,7 +8,8 @@ Case keys: ``method`` (default POST), ``path`` (sent byte for byte), ``headers``
 ``chunked_size`` (the same, chunked), ``many_headers``; ``status`` (an int or a list),
 ``message`` (a substring, or null: not checked) and ``param``. JSON values may use the
 macros ``{"$repeat": X, "times": N}`` (a list), ``{"$repeat_str": S, "times": N}`` (a string)
-and ``{"$keys": N}`` (an object of N keys).
+``{"$keys": N}`` (an object of N keys) and ``{"$schema_nest": N}`` (a JSON schema of N
+nested objects).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def expand(value: Any) -> Any:
             return value["$repeat_str"] * value["times"]
         if "$keys" in value:
             return {f"k{i}": i for i in range(value["$keys"])}
+        if "$schema_nest" in value:
+            schema: dict[str, Any] = {"type": "string"}
+            for _ in range(value["$schema_nest"]):
+                schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+            return schema
         return {k: expand(v) for k, v in value.items()}
     if isinstance(value, list):
         return [expand(v) for v in value]

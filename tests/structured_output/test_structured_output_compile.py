@@ -39,7 +39,7 @@ def _sleepy_manager(make_manager: ManagerFactory, **config: object) -> tuple[obj
         (Params(regex="[a-z"), "structured_outputs.regex: cannot compile the regex"),
         (Params(regex=r"(\w)\1"), "structured_outputs.regex: cannot compile the regex"),
         (Params(choice=[]), "structured_outputs.choice: must be a non-empty list"),
-        (Params(grammar='root ::= "x"'), "grammar is not supported by the outlines backend"),
+        (Params(grammar='root ::= "x"'), "grammar is not supported by this server"),
         (Params(regex="a", choice=["a"]), "needs exactly one of"),
         (Params(), "needs exactly one of"),
     ],

@@ -109,6 +109,8 @@ def _kind(dest: str, annotation: Any) -> str:
 _FLAG_NAMES = {
     "plugins": "--plugin",
     "structured_outputs_backend": "--structured-outputs-config.backend",
+    "structured_outputs_max_repeat": "--structured-outputs-config.max-repeat",
+    "structured_outputs_max_schema_depth": "--structured-outputs-config.max-schema-depth",
 }
 
 

@@ -8,6 +8,7 @@ than the whole byte budget is not cached at all.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 
@@ -76,3 +77,38 @@ class GrammarCache:
         with self._lock:
             self._entries.clear()
             self._num_bytes = 0
+
+
+class RefusedGrammars:
+    """Constraints that failed to compile (invalid, over the deadline, or too large to
+    cache), so a repeat is refused at once instead of compiling again: each grammar is
+    compiled once. Bounded LRU keyed by a SHA-256 of the key, so a flood of distinct
+    hostile specs costs at most ``max_entries`` small entries."""
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self.max_entries = max_entries
+        self._reasons: OrderedDict[bytes, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _digest(key: GrammarKey) -> bytes:
+        return hashlib.sha256(f"{key.kind}\0{key.canonical}".encode("utf-8", "replace")).digest()
+
+    def add(self, key: GrammarKey, reason: str) -> None:
+        with self._lock:
+            digest = self._digest(key)
+            self._reasons[digest] = reason
+            self._reasons.move_to_end(digest)
+            while len(self._reasons) > self.max_entries:
+                self._reasons.popitem(last=False)
+
+    def discard(self, key: GrammarKey) -> None:
+        with self._lock:
+            self._reasons.pop(self._digest(key), None)
+
+    def get(self, key: GrammarKey) -> str | None:
+        with self._lock:
+            return self._reasons.get(self._digest(key))
+
+    def __len__(self) -> int:
+        return len(self._reasons)

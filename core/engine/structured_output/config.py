@@ -17,6 +17,9 @@ class StructuredOutputsConfig:
       grammars (no disk cache); the byte count uses each grammar's ``num_bytes`` estimate.
     - ``num_compile_workers``: compile threads; at most this many compiles run at once.
     - ``max_spec_chars``: longest accepted schema / regex / choice list / grammar text.
+    - ``max_repeat``: largest repetition count (regex ``{m,n}``, schema ``maxLength``,
+      ``maxItems``, ...), multiplied along nesting (``bounds.py``).
+    - ``max_schema_depth``: deepest nesting of a JSON schema's objects and arrays.
     """
 
     backend: str = "auto"
@@ -25,6 +28,8 @@ class StructuredOutputsConfig:
     max_cache_bytes: int = 512 << 20
     num_compile_workers: int = 2
     max_spec_chars: int = 64 << 10
+    max_repeat: int = 1024
+    max_schema_depth: int = 64
 
     def __post_init__(self) -> None:
         checks = {
@@ -33,6 +38,8 @@ class StructuredOutputsConfig:
             "max_cache_bytes": self.max_cache_bytes >= 0,
             "num_compile_workers": self.num_compile_workers >= 1,
             "max_spec_chars": self.max_spec_chars >= 1,
+            "max_repeat": self.max_repeat >= 1,
+            "max_schema_depth": self.max_schema_depth >= 1,
         }
         for name, ok in checks.items():
             if not ok:

@@ -41,6 +41,8 @@ def _canonical_json(kind: str, value: Any) -> str:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise _invalid(kind, f"is not JSON-serialisable ({exc})") from exc
+    except RecursionError:
+        raise _invalid(kind, "nests too deeply; flatten it") from None
 
 
 def _canonical(kind: str, spec: Any) -> str:
@@ -48,6 +50,8 @@ def _canonical(kind: str, spec: Any) -> str:
         if isinstance(spec, str):
             try:
                 spec = json.loads(spec)
+            except RecursionError:
+                raise _invalid(kind, "the JSON schema nests too deeply; flatten it") from None
             except json.JSONDecodeError as exc:
                 raise _invalid(kind, f"the JSON schema is not valid JSON: {exc}") from exc
         if not isinstance(spec, dict | bool):

@@ -26,7 +26,8 @@ from engine_sdk.specs import StructuredOutputBackendSpec
 from engine.errors import RequestValidationError, StartupError
 from engine.plugins.errors import PluginError
 from engine.sampling_params import StructuredOutputsParams
-from engine.structured_output.cache import GrammarCache
+from engine.structured_output.bounds import check_bounds
+from engine.structured_output.cache import GrammarCache, RefusedGrammars, grammar_num_bytes
 from engine.structured_output.compile_pool import CompilePool, with_deadline
 from engine.structured_output.config import StructuredOutputsConfig
 from engine.structured_output.keys import GrammarKey, grammar_key
@@ -102,6 +103,7 @@ class StructuredOutputManager:
         self.eos_rules = EosRules(eos_ids)
         self._device_masks: dict[torch.device, DeviceMaskCache] = {}
         self.cache = GrammarCache(self.config.max_cache_entries, self.config.max_cache_bytes)
+        self.refused = RefusedGrammars()
         self._pool = CompilePool(self.config.num_compile_workers)
         self._lock = threading.RLock()
         self._in_flight: dict[GrammarKey, _InFlight] = {}
@@ -158,6 +160,9 @@ class StructuredOutputManager:
         timeout = self.config.compile_timeout_s if timeout_s is None else timeout_s
         try:
             key = grammar_key(params, self.config.max_spec_chars)
+            check_bounds(
+                key.kind, key.canonical, self.config.max_repeat, self.config.max_schema_depth
+            )
         except RequestValidationError as exc:
             return _completed(error=exc)
         cached = self.cache.get(key)
@@ -166,6 +171,9 @@ class StructuredOutputManager:
         with self._lock:
             flight = self._in_flight.get(key)
             if flight is None:
+                reason = self.refused.get(key)
+                if reason is not None:  # compiled once already, and failed
+                    return _completed(error=RequestValidationError(reason))
                 flight = _InFlight()
                 self._in_flight[key] = flight
                 flight.inner = self._pool.submit(
@@ -188,8 +196,20 @@ class StructuredOutputManager:
         try:
             grammar = backend.compile(key.kind, key.backend_spec())
         except (ValueError, TypeError) as exc:
-            raise RequestValidationError(f"structured_outputs.{key.kind}: {exc}") from exc
-        self.cache.put(key, grammar)
+            error = RequestValidationError(f"structured_outputs.{key.kind}: {exc}")
+            self.refused.add(key, str(error))
+            raise error from exc
+        if not self.cache.put(key, grammar) and self.cache.max_entries > 0:
+            # Too large for the whole cache: every repeat would build it again, and memory
+            # would ratchet up by its size each time. Refuse it, now and on repeats.
+            error = RequestValidationError(
+                f"structured_outputs.{key.kind}: the compiled grammar takes "
+                f"{grammar_num_bytes(grammar)} bytes, more than the server's whole grammar "
+                f"cache ({self.cache.max_bytes} bytes); simplify the constraint (bounded "
+                "repetitions, fewer alternatives)"
+            )
+            self.refused.add(key, str(error))
+            raise error
         return grammar
 
     def _claim(self, key: GrammarKey, flight: _InFlight) -> bool:

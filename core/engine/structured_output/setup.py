@@ -37,7 +37,11 @@ def build_structured_output_manager(
         logger.info("structured outputs: no backend installed; requests using them get a 400")
         return None
     try:
-        config = StructuredOutputsConfig(backend=backend)
+        config = StructuredOutputsConfig(
+            backend=backend,
+            max_repeat=args.structured_outputs_max_repeat,
+            max_schema_depth=args.structured_outputs_max_schema_depth,
+        )
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     try:

@@ -29,9 +29,9 @@ REGEX_HINT = (
     "back-references and anchors (^, $, \\b) are not supported"
 )
 GRAMMAR_UNSUPPORTED = (
-    "grammar is not supported by the outlines backend (outlines-core compiles regular "
-    "languages only); use json, regex or choice, or install a backend that handles "
-    "context-free grammars"
+    "grammar is not supported by this server's structured output backend (it compiles "
+    "regular languages only); use json, regex or choice, or the operator can install a "
+    "backend that handles context-free grammars"
 )
 
 
@@ -55,6 +55,8 @@ def _check_meta_schema(schema: dict[str, Any] | bool) -> None:
     validator = validators.validator_for(schema)
     try:
         validator.check_schema(schema)
+    except RecursionError:
+        raise ValueError("the JSON schema nests too deeply; flatten it") from None
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise ValueError(f"invalid JSON schema at {where}: {exc.message}") from exc
@@ -99,6 +101,8 @@ def json_schema_regex(spec: Any) -> str:
     text = json.dumps(bound_free_form(json.loads(text)), sort_keys=True)
     try:
         return str(build_regex_from_schema(text, None, MAX_SCHEMA_RECURSION_DEPTH))
+    except RecursionError:
+        raise ValueError("the JSON schema nests too deeply; flatten it") from None
     except (ValueError, TypeError) as exc:
         raise ValueError(f"cannot compile the JSON schema: {one_line(exc)}") from exc
 

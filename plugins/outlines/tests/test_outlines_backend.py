@@ -196,7 +196,7 @@ def test_masks_are_cached_per_state(backend: OutlinesBackend) -> None:
         ("regex", 5, "regex must be a string"),
         ("choice", [], "non-empty list"),
         ("choice", ["a", 3], "must be a string"),
-        ("grammar", 'root ::= "a"', "grammar is not supported by the outlines backend"),
+        ("grammar", 'root ::= "a"', "grammar is not supported by this server"),
         ("xml", "<a/>", "unknown structured output kind"),
     ],
 )

@@ -38,6 +38,11 @@ from engine.entrypoints.openai.probes import (
     probe_response,
     readiness_failure,
 )
+from engine.entrypoints.openai.prompt_bounds import (
+    chat_text_chars,
+    check_prompt_chars,
+    max_prompt_chars,
+)
 from engine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -52,7 +57,11 @@ from engine.entrypoints.openai.protocol import (
 from engine.entrypoints.openai.serving_base import ClientDisconnected, ServingContext
 from engine.entrypoints.openai.serving_chat import ChatServing, messages_to_dicts
 from engine.entrypoints.openai.serving_completion import CompletionServing
-from engine.entrypoints.openai.stats_logger import StatsLogger, WarnOnce
+from engine.entrypoints.openai.stats_logger import (
+    StatsLogger,
+    WarnOnce,
+    ignored_fields_message,
+)
 from engine.entrypoints.openai.validation import (
     RequestLimits,
     reserved_template_kwargs,
@@ -140,6 +149,7 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
         vocab_size=len(ctx.tokenizer),
         trust_request_chat_template=server_args.trust_request_chat_template,
         reserved_template_kwargs=reserved_template_kwargs(ctx.tokenizer),
+        max_prompt_chars=max_prompt_chars(ctx.tokenizer, ctx.max_model_len),
     )
     install_error_handlers(app)
     install_openapi(app)
@@ -172,8 +182,10 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
     completion = CompletionServing(ctx)
 
     def warn_extra(body: OpenAIBase) -> None:
-        for name in sorted(body.model_extra or {}):
-            warn_once(f"Request field {name!r} is not supported by this server and was ignored.")
+        """At most one log line per request, and only once per set of names."""
+        extra = body.model_extra
+        if extra:
+            warn_once(ignored_fields_message(extra, len(extra)))
 
     def admit() -> None:
         """Refuse at once when the queue is full, before template and tokenizer work."""
@@ -229,17 +241,31 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
         if body.messages is not None:
             validate_messages(body.messages)
             validate_template_kwargs(body.chat_template_kwargs, limits.reserved_template_kwargs)
+            num_chars, param = chat_text_chars(body.messages), "messages"
+        else:
+            num_chars, param = len(body.prompt or ""), "prompt"
+        assert limits.max_prompt_chars is not None
+        check_prompt_chars(num_chars, limits.max_prompt_chars, ctx.max_model_len, param)
         ids = await ctx.run_prepare(_tokenize_body, ctx, body)
         return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=ctx.max_model_len)
 
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         ctx.resolve_model(body.model)
+        if len(body.tokens) > ctx.max_model_len:
+            raise APIError(
+                f"tokens has {len(body.tokens)} ids; at most max_model_len "
+                f"({ctx.max_model_len}) are accepted (no prompt or output is longer); send "
+                "fewer",
+                400,
+                "tokens",
+            )
         vocab_size = len(ctx.tokenizer)
-        bad = [t for t in body.tokens if not 0 <= t < vocab_size]
-        if bad:
-            raise APIError(f"token id {bad[0]} is out of range [0, {vocab_size})", 400, "tokens")
-        return DetokenizeResponse(prompt=ctx.tokenizer.decode(body.tokens))
+        bad = next((t for t in body.tokens if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise APIError(f"token id {bad} is out of range [0, {vocab_size})", 400, "tokens")
+        text = await ctx.run_prepare(ctx.tokenizer.decode, body.tokens)
+        return DetokenizeResponse(prompt=text)
 
     @router.get("/load")
     async def load() -> dict[str, Any]:

@@ -21,7 +21,15 @@ def make_api_key_dependency(api_key: str | None) -> Callable[[Request], Awaitabl
     async def require_api_key(request: Request) -> None:
         if expected is None:
             return
-        header = request.headers.get("authorization", "")
+        given = request.headers.getlist("authorization")
+        if len(given) > 1:
+            raise APIError(
+                "The request sends the Authorization header more than once; send it once.",
+                401,
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        header = given[0] if given else ""
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise APIError(

@@ -77,8 +77,22 @@ def error_response(exc: APIError) -> JSONResponse:
     )
 
 
+MAX_ECHOED_CHARS = 64
+
+
+def shorten(value: str, limit: int = MAX_ECHOED_CHARS) -> str:
+    """``value`` cut to ``limit`` characters for an error message (a client's 1 MB field
+    is not echoed back in full)."""
+    return value if len(value) <= limit else f"{value[:limit]}... ({len(value)} characters)"
+
+
 def model_not_found(name: str) -> APIError:
-    return APIError(f"The model `{name}` does not exist.", 404, "model", "model_not_found")
+    return APIError(
+        f"The model `{shorten(name)}` does not exist.",
+        404,
+        "model",
+        "model_not_found",
+    )
 
 
 def queue_full(exc: Exception | str) -> APIError:

@@ -9,6 +9,11 @@ A declared ``Content-Length`` over the limit is refused at once, unread. A body 
 (chunked) is read up to the limit and refused as soon as it passes it. An accepted body is
 replayed to the app; later ``receive()`` calls go to the client again, so a disconnect still
 reaches a streaming response.
+
+Two more refusals need the whole head or body and so live here too: a request that sends
+both ``Transfer-Encoding`` and ``Content-Length`` (or two lengths) is a 400 with the
+connection closed, since a proxy in front may frame it differently (request smuggling); a
+body holding a lone UTF-16 surrogate is a 400 (``body_text``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from engine.entrypoints.openai.body_text import find_lone_surrogate, lone_surrogate_message
 from engine.entrypoints.openai.errors import error_body
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -42,6 +48,25 @@ def _headers_too_large(limit: int) -> JSONResponse:
     return JSONResponse(body, status_code=431, headers={"Connection": "close"})
 
 
+def _bad_request(message: str, close: bool = False) -> JSONResponse:
+    headers = {"Connection": "close"} if close else None
+    return JSONResponse(error_body(message, 400), status_code=400, headers=headers)
+
+
+def _framing_error(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Why the head's body framing is ambiguous, or None."""
+    names = [k.lower() for k, _ in headers]
+    num_lengths = names.count(b"content-length")
+    if b"transfer-encoding" in names and num_lengths:
+        return (
+            "The request sends both Transfer-Encoding and Content-Length; send only one "
+            "(a proxy could frame the body differently)."
+        )
+    if num_lengths > 1:
+        return "The request sends Content-Length more than once; send it once."
+    return None
+
+
 class RequestSizeLimitMiddleware:
     """Pure ASGI middleware: 431 for heads over ``max_header_bytes``, 413 for bodies over
     ``max_bytes``."""
@@ -62,6 +87,10 @@ class RequestSizeLimitMiddleware:
             return
         if scope.get("method") not in _BODY_METHODS:
             await self.app(scope, receive, send)
+            return
+        framing_error = _framing_error(list(scope.get("headers") or []))
+        if framing_error:
+            await _bad_request(framing_error, close=True)(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None:
@@ -91,7 +120,12 @@ class RequestSizeLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        body = b"".join(chunks)
+        surrogate_at = find_lone_surrogate(body)
+        if surrogate_at is not None:
+            await _bad_request(lone_surrogate_message(body, surrogate_at))(scope, receive, send)
+            return
+        whole = {"type": "http.request", "body": body, "more_body": False}
         await self.app(scope, _replay([whole], receive), send)
 
 

@@ -4,6 +4,9 @@ Requests allow unknown fields (OpenAI clients send fields this server does not u
 type-check the known ones; engine-specific fields (``top_k``, ``min_p``, ``cache_salt``,
 ...) are what clients pass through ``extra_body``. A field left unset stays ``None`` so the
 model's generation defaults (``engine.default_sampling_params()``) fill it.
+
+Integer and boolean fields are strict, as OpenAI's are: ``true``, ``"4"`` or ``4.0`` for
+``max_tokens`` (or a token id) is a 400, not silently read as 1 or 4.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 
 class OpenAIBase(BaseModel):
@@ -19,36 +22,36 @@ class OpenAIBase(BaseModel):
 
 
 class StreamOptions(OpenAIBase):
-    include_usage: bool | None = False
-    continuous_usage_stats: bool | None = False
+    include_usage: StrictBool | None = False
+    continuous_usage_stats: StrictBool | None = False
 
 
 class SamplingFields(OpenAIBase):
     """Fields shared by chat and completion requests."""
 
     model: str | None = None
-    n: int = 1
-    max_tokens: int | None = None
+    n: StrictInt = 1
+    max_tokens: StrictInt | None = None
     temperature: float | None = None
     top_p: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    seed: int | None = None
+    seed: StrictInt | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # engine fields (extra_body)
-    top_k: int | None = None
+    top_k: StrictInt | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    min_tokens: int = 0
-    ignore_eos: bool = False
+    min_tokens: StrictInt = 0
+    ignore_eos: StrictBool = False
     cache_salt: str | None = None
-    priority: int = 0
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
+    priority: StrictInt = 0
+    stop_token_ids: list[StrictInt] | None = None
+    skip_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
     # structured outputs: exactly one of json, regex, choice, grammar (or OpenAI's
     # response_format json_schema / json_object)
     structured_outputs: dict[str, Any] | None = None
@@ -65,22 +68,22 @@ class ChatMessage(OpenAIBase):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    add_generation_prompt: bool = True
+    add_generation_prompt: StrictBool = True
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = None
-    echo: bool = False
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    logprobs: StrictInt | None = None
+    echo: StrictBool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: StrictInt | None = None
 
 
 class UsageInfo(BaseModel):
@@ -223,8 +226,8 @@ class TokenizeRequest(OpenAIBase):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
-    add_generation_prompt: bool = True
+    add_special_tokens: StrictBool = True
+    add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
 
 
@@ -236,7 +239,7 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeRequest(OpenAIBase):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[StrictInt]
 
 
 class DetokenizeResponse(BaseModel):

@@ -6,8 +6,13 @@ On the first SIGTERM (or Ctrl-C) the server answers new requests with 503, waits
 
 A watchdog ends the server (exit code 1) when the engine loop has had work pending and made
 no progress for ``--watchdog-timeout`` seconds, so an orchestrator restarts it; requests in
-flight get an error first. HTTP parsing is h11's, whose incomplete-event limit bounds the
-request line plus headers (``--max-header-bytes``); httptools has no such bound.
+flight get an error first. The same happens within a second when the engine dies (its
+process killed, its loop crashed), and when the idle engine process has sent no heartbeat
+for ``--engine-heartbeat-timeout`` seconds (stopped or wedged); the log says which.
+
+HTTP parsing is h11's, whose incomplete-event limit bounds the request line plus headers
+(``--max-header-bytes``); httptools has no such bound. ``connection_limits`` adds the
+request-head deadline and the connection cap.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import uvicorn
 from engine.config import EngineArgs
 from engine.entrypoints.openai.api_server import build_app, describe_config, engine_stalled_for
 from engine.entrypoints.openai.chat_features import load_chat_features
+from engine.entrypoints.openai.connection_limits import uvicorn_connection_options
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.serving_base import ServingContext
 from engine.errors import EngineError
@@ -36,6 +42,23 @@ from engine.server_config import ServerArgs, resolve_api_server_count
 logger = logging.getLogger("engine.server")
 _ABORT_GRACE_S = 5.0
 _GIL_SWITCH_INTERVAL_S = 0.0005
+_MONITOR_POLL_S = 0.5
+
+
+def engine_failure(engine_client: Any, heartbeat_timeout: float) -> str | None:
+    """Why the engine can serve no more requests (dead, or silent while idle), or None."""
+    dead = getattr(engine_client, "dead_error", None)
+    if isinstance(dead, BaseException):
+        return f"the engine stopped: {dead}"
+    silent_for = getattr(engine_client, "silent_for", None)
+    if heartbeat_timeout > 0 and callable(silent_for):
+        silent_s = float(silent_for())
+        if silent_s > heartbeat_timeout:
+            return (
+                f"the idle engine process has sent no heartbeat for {silent_s:.0f} s "
+                f"(--engine-heartbeat-timeout {heartbeat_timeout:g}): it is stopped or wedged"
+            )
+    return None
 
 
 class EngineServer(uvicorn.Server):
@@ -45,11 +68,14 @@ class EngineServer(uvicorn.Server):
         ctx: ServingContext,
         shutdown_timeout: float,
         watchdog_timeout: float = 0.0,
+        heartbeat_timeout: float = 0.0,
     ) -> None:
         super().__init__(config)
         self.ctx = ctx
         self.shutdown_timeout = shutdown_timeout
         self.watchdog_timeout = watchdog_timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self._monitor_task: asyncio.Task[None] | None = None
         self.watchdog_fired: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task[None] | None = None
@@ -62,6 +88,8 @@ class EngineServer(uvicorn.Server):
         await super().startup(sockets)
         if self.started and self.watchdog_timeout > 0:
             self._watchdog_task = asyncio.ensure_future(self._watchdog())
+        if self.started:
+            self._monitor_task = asyncio.ensure_future(self._engine_monitor())
         if self.started:
             cfg = self.config
             scheme = "https" if cfg.ssl_certfile else "http"
@@ -96,21 +124,34 @@ class EngineServer(uvicorn.Server):
         while not self.should_exit:
             await asyncio.sleep(poll_s)
             stalled_s = engine_stalled_for(self.ctx.engine)
-            if stalled_s <= self.watchdog_timeout:
+            if stalled_s <= self.watchdog_timeout or self.watchdog_fired is not None:
                 continue
             self.watchdog_fired = (
                 f"watchdog: the engine loop made no progress for {stalled_s:.0f} s with "
                 f"requests pending (--watchdog-timeout {self.watchdog_timeout:g}); exiting so "
                 "the server can be restarted"
             )
-            logger.error("%s", self.watchdog_fired)
-            self.ctx.inflight.draining = True
-            declare_dead = getattr(self.ctx.engine, "declare_dead", None)
-            if callable(declare_dead):
-                declare_dead(self.watchdog_fired)
-            await asyncio.sleep(0.5)  # let the failed streams send their error chunks
-            self.should_exit = True
+            await self._exit_for_engine(self.watchdog_fired)
             return
+
+    async def _engine_monitor(self) -> None:
+        """Exit non-zero once the engine is dead or its idle process has gone silent."""
+        while not self.should_exit:
+            await asyncio.sleep(_MONITOR_POLL_S)
+            reason = engine_failure(self.ctx.engine, self.heartbeat_timeout)
+            if reason and not self.should_exit and self.watchdog_fired is None:
+                self.watchdog_fired = f"{reason}; exiting so the server can be restarted"
+                await self._exit_for_engine(self.watchdog_fired)
+                return
+
+    async def _exit_for_engine(self, reason: str) -> None:
+        logger.error("%s", reason)
+        self.ctx.inflight.draining = True
+        declare_dead = getattr(self.ctx.engine, "declare_dead", None)
+        if callable(declare_dead):
+            declare_dead(reason)
+        await asyncio.sleep(0.5)  # let the failed streams send their error chunks
+        self.should_exit = True
 
     async def _drain(self) -> None:
         inflight = self.ctx.inflight
@@ -234,15 +275,19 @@ def serve_engine(
             access_log=server_args.enable_log_requests,
             ssl_keyfile=server_args.ssl_keyfile,
             ssl_certfile=server_args.ssl_certfile,
-            http="h11",
             h11_max_incomplete_event_size=server_args.max_header_bytes,
             timeout_graceful_shutdown=int(_ABORT_GRACE_S),
-            timeout_keep_alive=5,
             lifespan="on",
+            **uvicorn_connection_options(
+                server_args.http_header_timeout,
+                server_args.http_keep_alive_timeout,
+                server_args.max_connections,
+            ),
         )
         server = EngineServer(
-            config, ctx, server_args.shutdown_timeout, server_args.watchdog_timeout
-        )
+            config, ctx, server_args.shutdown_timeout, server_args.watchdog_timeout,
+            server_args.engine_heartbeat_timeout,
+        )  # fmt: skip
         server.api_server_index = api_server_index
         server.run(sockets=sockets)
         if server.watchdog_fired:

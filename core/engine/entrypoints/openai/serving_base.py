@@ -18,7 +18,12 @@ from typing import Any, TypeVar
 import anyio
 from fastapi import Request
 
-from engine.entrypoints.openai.errors import APIError, internal_error, model_not_found
+from engine.entrypoints.openai.errors import (
+    APIError,
+    internal_error,
+    model_not_found,
+    queue_full,
+)
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import SamplingFields
 from engine.errors import EngineDeadError, EngineError, QueueFullError
@@ -62,6 +67,8 @@ class ServingContext:
     # Template rendering and tokenization run off the event loop, each within this deadline.
     prepare_timeout_s: float = 10.0
     max_prepare_workers: int = 4
+    max_prepare_queue: int = 1024
+    _num_prepare_pending: int = field(default=0, init=False, repr=False)
     _prepare_pool: concurrent.futures.ThreadPoolExecutor | None = field(
         default=None, init=False, repr=False
     )
@@ -71,15 +78,31 @@ class ServingContext:
 
         A thread cannot be stopped, so a runaway render keeps its worker until it ends; the
         pool is bounded (``max_prepare_workers``), so such renders cannot multiply threads.
+        A job still queued at its deadline is cancelled rather than run later, and at most
+        ``max_prepare_queue`` jobs wait at once (more: 503), so work cannot pile up behind
+        slow ones.
         """
         if self._prepare_pool is None:
             self._prepare_pool = concurrent.futures.ThreadPoolExecutor(
                 self.max_prepare_workers, thread_name_prefix="prepare"
             )
-        future = asyncio.get_running_loop().run_in_executor(self._prepare_pool, fn, *args)
+        if self._num_prepare_pending >= self.max_prepare_workers + self.max_prepare_queue:
+            raise queue_full(
+                f"{self._num_prepare_pending} requests are waiting for template rendering "
+                "and tokenization"
+            )
+        job = self._prepare_pool.submit(fn, *args)
+        self._num_prepare_pending += 1
+        loop = asyncio.get_running_loop()
+
+        def settled(_: Any) -> None:
+            loop.call_soon_threadsafe(self._prepare_done)
+
+        job.add_done_callback(settled)
         try:
-            return await asyncio.wait_for(future, self.prepare_timeout_s)
+            return await asyncio.wait_for(asyncio.wrap_future(job), self.prepare_timeout_s)
         except TimeoutError:
+            job.cancel()  # still queued: dropped; already running: runs to its end
             raise APIError(
                 f"chat template rendering and tokenization exceeded {self.prepare_timeout_s:g} s "
                 "(the server's --request-prepare-timeout); shorten the messages or the prompt",
@@ -87,6 +110,9 @@ class ServingContext:
                 "messages",
                 "prepare_timeout",
             ) from None
+
+    def _prepare_done(self) -> None:
+        self._num_prepare_pending -= 1
 
     def would_reject(self) -> str | None:
         """Why a new request would be refused for a full queue (cheap; before any work)."""

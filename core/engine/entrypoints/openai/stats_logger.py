@@ -7,9 +7,10 @@ KV cache 12.5%, prefix cache hit rate 40.0%``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from engine.entrypoints.openai.metrics import ServerMetrics
@@ -17,17 +18,46 @@ from engine.entrypoints.openai.metrics import ServerMetrics
 logger = logging.getLogger("engine.server")
 
 
-class WarnOnce:
-    """Log each distinct warning message once per server."""
+MAX_WARN_ONCE_MESSAGES = 1024
+MAX_NAMED_FIELDS = 8
+MAX_FIELD_NAME_CHARS = 64
 
-    def __init__(self, log: logging.Logger = logger) -> None:
+
+class WarnOnce:
+    """Log each distinct warning message once per server, remembering at most
+    ``max_messages`` of them: once full, new messages are dropped (counted in
+    ``num_dropped``) rather than logged, so hostile input can grow neither memory nor log."""
+
+    def __init__(
+        self, log: logging.Logger = logger, max_messages: int = MAX_WARN_ONCE_MESSAGES
+    ) -> None:
         self.log = log
+        self.max_messages = max_messages
+        self.num_dropped = 0
         self._seen: set[str] = set()
 
+    def __len__(self) -> int:
+        return len(self._seen)
+
     def __call__(self, message: str) -> None:
-        if message not in self._seen:
-            self._seen.add(message)
-            self.log.warning(message)
+        if message in self._seen:
+            return
+        if len(self._seen) >= self.max_messages:
+            self.num_dropped += 1
+            return
+        self._seen.add(message)
+        self.log.warning(message)
+
+
+def ignored_fields_message(names: Iterable[str], num_names: int) -> str:
+    """One line for a request's unknown fields: the first few names (each cut short) and
+    how many more; built without sorting or copying all of them."""
+    first = itertools.islice(names, MAX_NAMED_FIELDS)
+    shown = [repr(name[:MAX_FIELD_NAME_CHARS]) for name in first]
+    more = num_names - len(shown)
+    listed = ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+    noun = "field" if num_names == 1 else "fields"
+    return f"Request {noun} {listed} not supported by this server; ignored."
 
 
 class StatsLogger:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.entrypoints.openai.errors import APIError
+from engine.entrypoints.openai.prompt_bounds import chat_text_chars, check_prompt_chars
 from engine.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -67,6 +68,8 @@ class RequestLimits:
     vocab_size: int
     trust_request_chat_template: bool = False
     reserved_template_kwargs: frozenset[str] = _RESERVED_TEMPLATE_KWARGS
+    # Longest prompt text that could still fit in max_model_len (``prompt_bounds``).
+    max_prompt_chars: int | None = None
 
 
 def reserved_template_kwargs(tokenizer: Any) -> frozenset[str]:
@@ -104,6 +107,8 @@ def validate_sampling_fields(req: SamplingFields, limits: RequestLimits) -> None
     _in_range("priority", req.priority, *PRIORITY_RANGE)
     _in_range("top_k", req.top_k, -1, TOP_K_MAX, " (-1 or 0: off)")
     _check_stop(req.stop)
+    if req.stream_options is not None and not req.stream:
+        raise _bad("stream_options is only allowed with stream: true", "stream_options")
     if req.stop_token_ids is not None:
         if len(req.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise _bad(
@@ -168,6 +173,8 @@ def validate_completion_request(req: CompletionRequest, limits: RequestLimits) -
             raise _bad("prompt must not be empty; send at least one character or token", "prompt")
         if not isinstance(item, str):
             _check_token_ids("prompt", item, limits.vocab_size)
+        elif limits.max_prompt_chars is not None:
+            check_prompt_chars(len(item), limits.max_prompt_chars, limits.max_model_len, "prompt")
 
 
 def validate_chat_request(req: ChatCompletionRequest, limits: RequestLimits) -> None:
@@ -180,6 +187,10 @@ def validate_chat_request(req: ChatCompletionRequest, limits: RequestLimits) -> 
     if req.top_logprobs is not None and not req.logprobs:
         raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
     validate_messages(req.messages)
+    if limits.max_prompt_chars is not None:
+        num_chars = chat_text_chars(req.messages)
+        check_prompt_chars(num_chars, limits.max_prompt_chars, limits.max_model_len, "messages")
+    _check_tool_names(req.tools)
     if req.chat_template is not None and not limits.trust_request_chat_template:
         raise APIError(
             "chat_template in the request is refused: this server renders only its own "
@@ -189,6 +200,23 @@ def validate_chat_request(req: ChatCompletionRequest, limits: RequestLimits) -> 
             "chat_template",
         )
     validate_template_kwargs(req.chat_template_kwargs, limits.reserved_template_kwargs)
+
+
+def _check_tool_names(tools: list[dict[str, Any]] | None) -> None:
+    """Each function name once (the shapes themselves are checked by ``tool_choice``)."""
+    seen: set[str] = set()
+    for i, tool in enumerate(tools or []):
+        fn = tool.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            continue
+        if name in seen:
+            raise _bad(
+                f"tools[{i}].function.name {name[:64]!r} is used by an earlier tool; "
+                "give each tool a unique name",
+                "tools",
+            )
+        seen.add(name)
 
 
 def validate_messages(messages: list[Any]) -> None:
