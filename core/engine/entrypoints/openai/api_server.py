@@ -26,6 +26,7 @@ from engine.entrypoints.openai.errors import (
     APIError,
     error_body,
     install_error_handlers,
+    model_not_found,
     queue_full,
 )
 from engine.entrypoints.openai.http_limits import RequestSizeLimitMiddleware
@@ -206,13 +207,19 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
     async def version() -> dict[str, str]:
         return {"version": engine.__version__}
 
+    def model_card(name: str) -> ModelCard:
+        return ModelCard(id=name, root=ctx.served_model_names[0], max_model_len=ctx.max_model_len)
+
     @router.get("/v1/models")
     async def models() -> ModelList:
-        cards = [
-            ModelCard(id=name, root=ctx.served_model_names[0], max_model_len=ctx.max_model_len)
-            for name in ctx.served_model_names
-        ]
-        return ModelList(data=cards)
+        return ModelList(data=[model_card(name) for name in ctx.served_model_names])
+
+    @router.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> ModelCard:
+        """One model's card (the id may be a path, as vLLM's default served name is)."""
+        if model_id not in ctx.served_model_names:
+            raise model_not_found(model_id)
+        return model_card(model_id)
 
     @router.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:

@@ -47,6 +47,8 @@ class SamplingFields(OpenAIBase):
     cache_salt: str | None = None
     priority: int = 0
     stop_token_ids: list[int] | None = None
+    # OpenAI: token id (a string key in JSON) -> bias in [-100, 100] added to its logit.
+    logit_bias: dict[str, float] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # structured outputs: exactly one of json, regex, choice, grammar (or OpenAI's

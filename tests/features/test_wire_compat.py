@@ -1,0 +1,174 @@
+"""OpenAI / vLLM wire compatibility through a real ``engine serve`` on a tiny random model
+with the official ``openai`` client: default served names and ``GET /v1/models/{id}``,
+``logit_bias`` (validation, and how it combines with the other logits processors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from features_server import Server
+
+pytestmark = pytest.mark.timeout(300)
+
+P, Q, R = 50, 51, 52  # single-character tokens of the tiny tokenizer ("P", "Q", "R")
+EOS = 2  # the tiny checkpoint's first EOS id (generation_config: [2, 0])
+MESSAGES: list[Any] = [{"role": "user", "content": "Hello"}]
+
+
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
+
+
+# -- model names --------------------------------------------------------------------------
+
+
+def test_default_served_names_are_the_model_argument_then_its_base_name(
+    plain_server: Server, tiny_model: Path
+) -> None:
+    c = client(plain_server)
+    ids = [m.id for m in c.models.list().data]
+    assert ids == [str(tiny_model), tiny_model.name]
+    for name in ids:  # both answer, and the response names the model as requested
+        r = c.completions.create(model=name, prompt="Hi", max_tokens=2)
+        assert r.model == name
+    card = c.models.retrieve(str(tiny_model))  # the client percent-encodes the slashes
+    assert card.id == str(tiny_model) and card.object == "model"
+    assert c.models.retrieve(tiny_model.name).id == tiny_model.name
+
+
+def test_unknown_model_card_is_a_404_error_object(plain_server: Server) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client(plain_server).models.retrieve("no-such-model")
+    body: Any = info.value.body
+    assert body["code"] == "model_not_found" and "no-such-model" in body["message"]
+    r = httpx.get(plain_server.base_url + "/v1/models/a/b/c")
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+
+
+# -- logit_bias ---------------------------------------------------------------------------
+
+
+def _complete(server: Server, stream: bool = False, **kw: Any) -> tuple[str, str | None, Any]:
+    """(text, finish_reason, usage) of one greedy completion on the default served name."""
+    c = client(server)
+    args: dict[str, Any] = {"model": c.models.list().data[0].id, "prompt": "Hello", **kw}
+    args.setdefault("temperature", 0.0)
+    if not stream:
+        r = c.completions.create(**args)
+        return r.choices[0].text, r.choices[0].finish_reason, r.usage
+    text, finish, usage = "", None, None
+    chunks = c.completions.create(**args, stream=True, stream_options={"include_usage": True})
+    for chunk in chunks:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text += choice.text
+            finish = choice.finish_reason or finish
+    return text, finish, usage
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logit_bias_steers_completions_and_chat(plain_server: Server, stream: bool) -> None:
+    text, finish, _ = _complete(
+        plain_server,
+        stream,
+        max_tokens=5,
+        logit_bias={str(Q): 100},
+        extra_body={"ignore_eos": True},
+    )
+    assert (text, finish) == ("QQQQQ", "length")
+    # Sampled (not greedy) too: a +100 bias is practically certain.
+    text, _, _ = _complete(plain_server, stream, max_tokens=4, temperature=1.0, seed=3,
+                           logit_bias={str(R): 100}, extra_body={"ignore_eos": True})  # fmt: skip
+    assert text == "RRRR"
+    c = client(plain_server)
+    model = c.models.list().data[0].id
+    r = c.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=3, temperature=0, logit_bias={str(P): 100},
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert r.choices[0].message.content == "PPP"
+
+
+def test_negative_bias_removes_the_greedy_choice(plain_server: Server) -> None:
+    plain, _, _ = _complete(plain_server, max_tokens=1, extra_body={"ignore_eos": True})
+    assert plain
+    from transformers import AutoTokenizer
+
+    model = client(plain_server).models.list().data[0].id
+    first = AutoTokenizer.from_pretrained(model).encode(plain, add_special_tokens=False)[0]
+    biased, _, _ = _complete(
+        plain_server, max_tokens=1, logit_bias={str(first): -100}, extra_body={"ignore_eos": True}
+    )
+    assert biased and biased != plain
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logit_bias_with_min_tokens_ignore_eos_and_stop_token_ids(
+    plain_server: Server, stream: bool
+) -> None:
+    favour_eos = {str(EOS): 100, str(P): 50}
+    # min_tokens holds EOS back (P is next best), then the biased EOS ends the request.
+    text, finish, usage = _complete(
+        plain_server, stream, max_tokens=10, logit_bias=favour_eos, extra_body={"min_tokens": 3}
+    )
+    assert (text, finish, usage.completion_tokens) == ("PPP", "stop", 4)
+    # ignore_eos: EOS is generated (and skipped as a special token) but does not stop.
+    text, finish, usage = _complete(
+        plain_server, stream, max_tokens=4, logit_bias=favour_eos, extra_body={"ignore_eos": True}
+    )
+    assert (finish, usage.completion_tokens) == ("length", 4)
+    # A biased stop token id stops at once.
+    text, finish, usage = _complete(
+        plain_server, stream, max_tokens=10, logit_bias={str(Q): 100},
+        extra_body={"stop_token_ids": [Q]},
+    )  # fmt: skip
+    assert (finish, usage.completion_tokens) == ("stop", 1)
+
+
+def test_logit_bias_with_structured_outputs_and_penalties(plain_server: Server) -> None:
+    # The constraint wins over any bias; within it the bias picks.
+    text, finish, _ = _complete(
+        plain_server, max_tokens=10, logit_bias={str(P): 100},
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )  # fmt: skip
+    assert text in ("yes", "no") and finish == "stop"
+    # Two tokens biased equally: the frequency penalty (2 per use, more than the tiny
+    # model's logits differ by) keeps their counts within one of each other.
+    text, _, _ = _complete(
+        plain_server, max_tokens=6, logit_bias={str(P): 50, str(Q): 50}, frequency_penalty=2.0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert sorted(text) == sorted("PQPQPQ")
+    assert all(abs(text[:i].count("P") - text[:i].count("Q")) <= 1 for i in range(7))
+
+
+@pytest.mark.parametrize(
+    ("bias", "fragment"),
+    [
+        ({"abc": 1}, "not a token id"),
+        ({"100000": 1}, "out of range"),
+        ({"-1": 1}, "out of range"),
+        ({str(P): 101}, "[-100, 100]"),
+        ({str(P): -100.5}, "[-100, 100]"),
+    ],
+)
+def test_invalid_logit_bias_is_a_400_naming_the_field(
+    plain_server: Server, bias: dict[str, float], fragment: str
+) -> None:
+    c = client(plain_server)
+    model = c.models.list().data[0].id
+    for call in (
+        lambda: c.completions.create(model=model, prompt="Hi", max_tokens=1, logit_bias=bias),
+        lambda: c.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=1, logit_bias=bias
+        ),
+    ):
+        with pytest.raises(openai.BadRequestError) as info:
+            call()
+        err: Any = info.value.body
+        assert err["param"] == "logit_bias" and fragment in err["message"]
