@@ -143,7 +143,7 @@ class ChatServing:
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
         structured = structured_outputs_from_request(req)
-        tool_plan = plan_tools(req.tools, req.tool_choice, self.features)
+        tool_plan = plan_tools(req.tools, req.tool_choice, self.features, req.parallel_tool_calls)
         if tool_plan.constraint is not None and structured is not None:
             raise APIError(
                 f"tool_choice {tool_plan.mode} constrains the output itself; drop "
@@ -242,7 +242,7 @@ class ChatServing:
             reasoning=parsed.reasoning,
             tool_calls=api_tool_calls(parsed.tool_calls),
         )
-        return message, tool_finish_reason(s.finish_reason, len(parsed.tool_calls))
+        return message, tool_finish_reason(s.finish_reason, len(parsed.tool_calls), plan.tools.mode)
 
     async def _stream(
         self, stream: EngineStream, first: RequestOutput | None, meta: _ResponseMeta, tracker: Any
@@ -305,7 +305,9 @@ def _chunk_choice(
                 flushed.reasoning_content or ""
             ) or None
             parsed.tool_calls.extend(flushed.tool_calls)
-            finish_reason = tool_finish_reason(finish_reason, parser.num_tool_calls)
+            finish_reason = tool_finish_reason(
+                finish_reason, parser.num_tool_calls, parser.plan.tools.mode
+            )
         message = api_delta(parsed)
     return ChatChunkChoice(
         index=index,
