@@ -267,7 +267,8 @@ class ChatServing:
                 tracker.on_tokens(sum(len(d.token_ids) for d in deltas.values()))
                 for idx, delta in deltas.items():
                     choice = _chunk_choice(idx, delta, text_of, num_top, parsers[idx])
-                    yield sse_event(meta.chunk([choice]))
+                    if _says_something(choice):  # a parser holding text back: no chunk
+                        yield sse_event(meta.chunk([choice]))
             for s in states:
                 last = s.force_finish("abort")
                 if last is not None:
@@ -315,6 +316,17 @@ def _chunk_choice(
         logprobs=chat_logprobs(delta.logprobs, text_of, num_top) if num_top is not None else None,
         finish_reason=finish_reason,
         stop_reason=delta.stop_reason,
+    )
+
+
+def _says_something(choice: ChatChunkChoice) -> bool:
+    delta = choice.delta
+    return bool(
+        delta.content
+        or delta.reasoning_content
+        or delta.tool_calls
+        or choice.finish_reason is not None
+        or choice.logprobs is not None
     )
 
 
