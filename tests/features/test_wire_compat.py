@@ -217,3 +217,20 @@ def test_default_model_serves_with_its_card_sampling(tmp_path: Path) -> None:
         assert sum("Paris" in a for a in answers) >= 3, answers
     finally:
         server.stop()
+
+
+# -- plugins ------------------------------------------------------------------------------
+
+
+def test_plugin_flag_loads_the_plugin_and_the_log_says_it_is_unused(tiny_model: Path) -> None:
+    from features_server import start_server
+
+    server = start_server(tiny_model, "--plugin", "awq")
+    try:
+        log = server.log()
+        assert "awq (--plugin)" in log and "Plugins loaded: " in log
+        assert "Quantization: none" in log  # loaded, not used: the checkpoint is not AWQ
+        r = client(server).completions.create(model="tiny", prompt="Hi", max_tokens=2)
+        assert r.choices[0].text is not None
+    finally:
+        server.stop()
