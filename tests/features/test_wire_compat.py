@@ -234,3 +234,77 @@ def test_plugin_flag_loads_the_plugin_and_the_log_says_it_is_unused(tiny_model: 
         assert r.choices[0].text is not None
     finally:
         server.stop()
+
+
+# -- fields this server does not implement ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("chat", "field", "value"),
+    [
+        (True, "audio", {"voice": "alloy", "format": "wav"}),
+        (True, "modalities", ["text", "audio"]),
+        (True, "reasoning_effort", "high"),
+        (True, "functions", [{"name": "f", "parameters": {}}]),
+        (True, "echo", True),
+        (False, "use_beam_search", True),
+        (False, "bad_words", ["x"]),
+        (False, "allowed_token_ids", [1, 2]),
+        (True, "prompt_logprobs", 1),
+    ],
+)
+def test_fields_that_would_change_the_output_are_refused(
+    plain_server: Server, chat: bool, field: str, value: Any
+) -> None:
+    c = client(plain_server)
+    model = c.models.list().data[0].id
+    with pytest.raises(openai.BadRequestError) as info:
+        if chat:
+            c.chat.completions.create(
+                model=model, messages=MESSAGES, max_tokens=1, extra_body={field: value}
+            )
+        else:
+            c.completions.create(model=model, prompt="Hi", max_tokens=1, extra_body={field: value})
+    err: Any = info.value.body
+    assert err["param"] == field and "not supported" in err["message"]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_continuous_usage_stats_puts_the_usage_in_every_chunk(
+    plain_server: Server, chat: bool
+) -> None:
+    c = client(plain_server)
+    model = c.models.list().data[0].id
+    options: Any = {"include_usage": True, "continuous_usage_stats": True}
+    common: Any = {"model": model, "max_tokens": 4, "stream": True, "stream_options": options,
+                   "logit_bias": {str(P): 100}, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    if chat:
+        chunks = list(c.chat.completions.create(messages=MESSAGES, **common))
+    else:
+        chunks = list(c.completions.create(prompt="Hello", **common))
+    with_text = [ch for ch in chunks if ch.choices and _chunk_text(ch)]
+    assert "".join(_chunk_text(ch) for ch in with_text) == "PPPP"
+    counts = [ch.usage.completion_tokens for ch in with_text]
+    assert counts == sorted(counts) and counts[-1] == 4  # the usage so far, in every chunk
+    assert all(ch.usage.prompt_tokens > 0 for ch in with_text)
+    assert chunks[-1].usage.completion_tokens == 4 and not chunks[-1].choices
+
+
+def _chunk_text(chunk: Any) -> str:
+    choice = chunk.choices[0]
+    if hasattr(choice, "delta"):
+        return str(choice.delta.content or "")
+    return str(choice.text or "")
+
+
+def test_neutral_values_and_fields_without_effect_are_accepted(plain_server: Server) -> None:
+    c = client(plain_server)
+    model = c.models.list().data[0].id
+    r = c.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=2, metadata={"k": "v"}, store=False,
+        modalities=["text"], service_tier="auto", user="u",
+        extra_body={"use_beam_search": False, "length_penalty": 1.0, "echo": False},
+    )  # fmt: skip
+    assert r.choices[0].finish_reason in ("length", "stop")
+    log = plain_server.log()
+    assert "'metadata' has no effect on this server" in log

@@ -43,6 +43,7 @@ from engine.entrypoints.openai.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from engine.entrypoints.openai.request_fields import check_extra_fields
 from engine.entrypoints.openai.serving_base import ClientDisconnected, ServingContext
 from engine.entrypoints.openai.serving_chat import ChatServing, messages_to_dicts
 from engine.entrypoints.openai.serving_completion import CompletionServing
@@ -174,8 +175,7 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
     completion = CompletionServing(ctx)
 
     def warn_extra(body: OpenAIBase) -> None:
-        for name in sorted(body.model_extra or {}):
-            warn_once(f"Request field {name!r} is not supported by this server and was ignored.")
+        check_extra_fields(body.model_extra, isinstance(body, ChatCompletionRequest), warn_once)
 
     def admit() -> None:
         """Refuse at once when the queue is full, before template and tokenizer work."""

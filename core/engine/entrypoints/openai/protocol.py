@@ -20,7 +20,12 @@ class OpenAIBase(BaseModel):
 
 class StreamOptions(OpenAIBase):
     include_usage: bool | None = False
+    # vLLM's: with include_usage, every chunk carries the usage so far too.
     continuous_usage_stats: bool | None = False
+
+
+def continuous_usage(options: StreamOptions | None) -> bool:
+    return options is not None and bool(options.include_usage and options.continuous_usage_stats)
 
 
 class SamplingFields(OpenAIBase):

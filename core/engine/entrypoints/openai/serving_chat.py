@@ -48,6 +48,7 @@ from engine.entrypoints.openai.protocol import (
     ChatMessage,
     DeltaMessage,
     UsageInfo,
+    continuous_usage,
 )
 from engine.entrypoints.openai.serving_base import (
     ClientDisconnected,
@@ -253,6 +254,7 @@ class ChatServing:
         num_top = (req.top_logprobs or 0) if req.logprobs else None
         plan = meta.plan
         parsers = [ChoiceParser(plan, self.ctx.tokenizer) if plan.parses else None for _ in states]
+        continuous = continuous_usage(req.stream_options)
         try:
             for s in states:
                 role = DeltaMessage(role="assistant", content="")
@@ -268,7 +270,8 @@ class ChatServing:
                 for idx, delta in deltas.items():
                     choice = _chunk_choice(idx, delta, text_of, num_top, parsers[idx])
                     if _says_something(choice):  # a parser holding text back: no chunk
-                        yield sse_event(meta.chunk([choice]))
+                        usage = meta.usage(states) if continuous else None
+                        yield sse_event(meta.chunk([choice], usage=usage))
             for s in states:
                 last = s.force_finish("abort")
                 if last is not None:
