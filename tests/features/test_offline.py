@@ -94,6 +94,17 @@ def test_chat_thinking_prompt_closed_constrains_from_start(thinking_llm: LLM) ->
     assert len(out.outputs[0].token_ids) == 12 and not out.outputs[0].text.startswith("{")
 
 
+def test_logit_bias_offline(llm: LLM) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logit_bias={51: 100})
+    [out] = llm.generate("Hello", params, use_tqdm=False)
+    assert out.outputs[0].token_ids == [51, 51, 51]
+    with pytest.raises(ValueError, match="logit_bias"):
+        llm.generate("x", SamplingParams(logit_bias={10**6: 1.0}), use_tqdm=False)
+    with pytest.raises(ValueError, match="logit_bias"):
+        llm.generate("x", SamplingParams(logit_bias={5: 150.0}), use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
 def test_invalid_constraints_raise_value_error(llm: LLM) -> None:
     with pytest.raises(ValueError, match="grammar"):
         llm.generate(

@@ -117,13 +117,14 @@ def test_reasoning_split_both_fields_and_streaming(tokenizer: Any, pm: Any) -> N
     script = "<think>\nThe user wants weather.\n</think>\n\nIt is sunny in Paris."
     client, _ = make_client(tokenizer, script, pm, reasoning="qwen3")
     msg = chat(client)["choices"][0]["message"]
-    assert msg["reasoning_content"] == "The user wants weather."
+    # Split as vLLM's qwen3 parser does: whitespace around the tags is kept.
+    assert msg["reasoning_content"] == "\nThe user wants weather.\n"
     assert msg["reasoning"] == msg["reasoning_content"]
-    assert msg["content"] == "It is sunny in Paris."
+    assert msg["content"] == "\n\nIt is sunny in Paris."
     streamed = reassemble(stream_chat(client))
-    assert streamed["reasoning_content"] == "The user wants weather."
-    assert streamed["reasoning"] == "The user wants weather."
-    assert streamed["content"] == "It is sunny in Paris."
+    assert streamed["reasoning_content"] == "\nThe user wants weather.\n"
+    assert streamed["reasoning"] == "\nThe user wants weather.\n"
+    assert streamed["content"] == "\n\nIt is sunny in Paris."
     assert streamed["finish_reason"] == "stop"
 
 
@@ -208,7 +209,7 @@ def test_forced_tool_choice_sets_the_constraint(tokenizer: Any, pm: Any) -> None
     streamed = reassemble(stream_chat(client, tools=TOOLS, tool_choice=named))
     [stc] = streamed["tool_calls"]
     assert stc["arguments"] == tc["function"]["arguments"] and stc["name"] == "get_weather"
-    assert streamed["finish_reason"] == "tool_calls"
+    assert streamed["finish_reason"] == "stop"  # named: "stop", as OpenAI (and vLLM)
 
 
 @pytest.mark.parametrize(

@@ -129,6 +129,37 @@ def test_required_tool_choice_calls_validate(tools_server: Server) -> None:
     assert _reassemble(stream) == [(x.function.name, x.function.arguments) for x in calls]
 
 
+@pytest.mark.parametrize("seed", [5, 6])
+def test_required_tool_choice_with_parallel_tool_calls_false_makes_one_call(
+    tools_server: Server, seed: int
+) -> None:
+    c = client(tools_server)
+    args: Any = {
+        "model": "tiny", "messages": MESSAGES, "max_tokens": 400, "seed": seed, "tools": TOOLS,
+        "tool_choice": "required", "parallel_tool_calls": False, "temperature": 1.0,
+    }  # fmt: skip
+    choice = c.chat.completions.create(**args).choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    [call] = choice.message.tool_calls or []
+    assert _reassemble(c.chat.completions.create(**args, stream=True)) == [
+        (call.function.name, call.function.arguments)
+    ]
+
+
+def test_required_grammar_allows_one_or_more_calls_unless_parallel_is_off() -> None:
+    from engine.entrypoints.openai.tool_choice import required_schema
+
+    functions = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    one = {"name": "get_time", "parameters": {"zone": "CET"}}
+    two = [{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "c"}}, one]
+    jsonschema.validate(two, required_schema(functions))
+    jsonschema.validate([one], required_schema(functions, parallel=False))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(two, required_schema(functions, parallel=False))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([], required_schema(functions))
+
+
 def test_named_tool_choice_arguments_validate(tools_server: Server) -> None:
     c = client(tools_server)
     named: Any = {"type": "function", "function": {"name": "get_weather"}}
@@ -136,16 +167,18 @@ def test_named_tool_choice_arguments_validate(tools_server: Server) -> None:
         model="tiny", messages=MESSAGES, max_tokens=200, seed=6, tools=TOOLS, tool_choice=named
     )
     [call] = r.choices[0].message.tool_calls or []
-    assert call.function.name == "get_weather"
+    assert call.function.name == "get_weather" and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content is None
     jsonschema.validate(json.loads(call.function.arguments), WEATHER)
     stream = c.chat.completions.create(
         model="tiny", messages=MESSAGES, max_tokens=200, seed=6, tools=TOOLS, tool_choice=named,
         stream=True,
     )  # fmt: skip
-    assert _reassemble(stream) == [("get_weather", call.function.arguments)]
+    # A named call finishes with "stop", as OpenAI (and vLLM) answer.
+    assert _reassemble(stream, "stop") == [("get_weather", call.function.arguments)]
 
 
-def _reassemble(stream: Any) -> list[tuple[str, str]]:
+def _reassemble(stream: Any, finish_reason: str = "tool_calls") -> list[tuple[str, str]]:
     calls: dict[int, list[str]] = {}
     finish = None
     for chunk in stream:
@@ -156,7 +189,7 @@ def _reassemble(stream: Any) -> list[tuple[str, str]]:
                     entry[0] += tc.function.name or ""
                     entry[1] += tc.function.arguments or ""
             finish = choice.finish_reason or finish
-    assert finish == "tool_calls"
+    assert finish == finish_reason
     return [(calls[i][0], calls[i][1]) for i in sorted(calls)]
 
 

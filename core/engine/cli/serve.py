@@ -21,7 +21,12 @@ import typer
 from engine.cli.serve_args import UsageError, parse_serve_args
 from engine.config import EngineArgs
 from engine.log_setup import configure_logging
-from engine.server_config import DEFAULT_MODEL_DIST, DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
+from engine.server_config import (
+    DEFAULT_MODEL_DIST,
+    DEFAULT_MODEL_NAME,
+    DEFAULT_MODEL_PACKAGE,
+    DEFAULT_MODEL_SAMPLING,
+)
 
 logger = logging.getLogger("engine.server")
 
@@ -49,6 +54,30 @@ def find_default_model() -> str:
             "(engine serve PATH or --model PATH)"
         )
     return str(candidates[0])
+
+
+def apply_default_model_sampling(engine_args: EngineArgs) -> None:
+    """The bundled model's recommended sampling, as overrides the user's own flags win over
+    (``--override-generation-config``; ``--generation-config vllm`` keeps neutral ones)."""
+    if engine_args.generation_config != "auto":
+        return
+    recommended = {
+        key: value
+        for key, value in DEFAULT_MODEL_SAMPLING.items()
+        if key not in engine_args.override_generation_config
+    }
+    if recommended:
+        logger.info(
+            "Default model %s: %s from its model card's recommendation, applied as "
+            "--override-generation-config (pass your own values, or --generation-config "
+            "vllm, to change them)",
+            DEFAULT_MODEL_NAME,
+            ", ".join(f"{k}={v}" for k, v in recommended.items()),
+        )
+    engine_args.override_generation_config = {
+        **recommended,
+        **engine_args.override_generation_config,
+    }
 
 
 def check_tls_files(keyfile: str | None, certfile: str | None) -> None:
@@ -98,6 +127,7 @@ def serve_main(argv: list[str], engine_factory: Callable[[EngineArgs], Any] | No
             engine_args.model = find_default_model()
             if not server_args.served_model_name:
                 server_args.served_model_name = [DEFAULT_MODEL_NAME]
+            apply_default_model_sampling(engine_args)
     except UsageError as exc:
         print(f"engine serve: error: {exc}", file=sys.stderr)
         return 2

@@ -98,6 +98,7 @@ def resolve_quant_config(
     checkpoint_method = (checkpoint or {}).get("quant_method")
     name = args.quantization or checkpoint_method
     if name is None:
+        logger.info("Quantization: none (the checkpoint declares none and --quantization is unset)")
         return None
     if args.quantization and checkpoint_method and args.quantization != checkpoint_method:
         raise StartupError(
@@ -116,6 +117,8 @@ def resolve_quant_config(
     problem = quant_config.check_device(device)
     if problem is not None:
         raise StartupError(f"quantization {name!r} cannot run on {device}: {problem}")
+    where = "--quantization" if args.quantization else "the checkpoint's quant_method"
+    logger.info("Quantization: %s (from %s)", name, where)
     return quant_config
 
 

@@ -1,7 +1,12 @@
-"""Hard masks on a batch of logits: ``min_tokens`` and structured-output allowed sets.
+"""Per-token logit edits before temperature: ``logit_bias`` and the hard masks
+(``min_tokens`` and structured-output allowed sets).
 
-Both set forbidden tokens to ``-inf`` before temperature, so neither greedy nor random
-sampling can pick them.
+- ``logit_bias``: each row's ``{token_id: bias}`` is added to its logits (before the
+  penalties, as vLLM does). A bias of -100 makes a token practically unreachable, +100
+  practically certain, but never past a hard mask.
+
+The masks set forbidden tokens to ``-inf`` after the bias and penalties, so neither greedy
+nor random sampling can pick them, whatever the bias.
 
 - ``min_tokens``: while a row has produced fewer than ``min_tokens`` tokens, its EOS ids
   (``params.eos_token_ids``, masked even when ``ignore_eos`` is set: ``ignore_eos`` only
@@ -24,6 +29,25 @@ from engine.sampling_params import SamplingParams
 from engine.structured_output.masks import unpack_masks
 
 NEG_INF = float("-inf")
+
+
+def apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Add each row's ``logit_bias`` to its logits; in place, one indexed add on the device."""
+    vocab_size = logits.shape[1]
+    assert logits.is_contiguous(), "apply_logit_bias adds through a flat view of the logits"
+    flat_ids: list[int] = []
+    values: list[float] = []
+    for i, p in enumerate(params):
+        for token_id, bias in (p.logit_bias or {}).items():
+            # Checked against the tokenizer at the API; a padded vocabulary is larger, a
+            # tokenizer larger than the logits (rare) has ids that cannot be sampled anyway.
+            if 0 <= token_id < vocab_size:
+                flat_ids.append(i * vocab_size + token_id)
+                values.append(bias)
+    if flat_ids:
+        index = host_tensor(flat_ids, torch.long, logits.device)
+        logits.view(-1).index_add_(0, index, host_tensor(values, logits.dtype, logits.device))
+    return logits
 
 
 def apply_min_tokens(

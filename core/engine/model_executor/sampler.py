@@ -29,7 +29,11 @@ import torch
 from engine.core.scheduler_output import Logprobs
 from engine.model_executor.device_tensors import host_tensor, to_device
 from engine.model_executor.host_copy import HostCopy
-from engine.model_executor.logit_masks import apply_allowed_token_masks, apply_min_tokens
+from engine.model_executor.logit_masks import (
+    apply_allowed_token_masks,
+    apply_logit_bias,
+    apply_min_tokens,
+)
 from engine.model_executor.logprobs import (
     compute_prompt_logprobs,
     gather_logprobs,
@@ -124,10 +128,13 @@ class Sampler:
             m is not None for m in batch.allowed_token_masks
         )
         uses_penalties = needs_penalties(params)
-        if not (uses_min_tokens or uses_masks or uses_penalties):
+        uses_bias = any(p.logit_bias for p in params)
+        if not (uses_min_tokens or uses_masks or uses_penalties or uses_bias):
             return logits.float()
         work = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
         work.copy_(logits)  # contiguous whatever the caller's strides
+        if uses_bias:
+            apply_logit_bias(work, params)
         if uses_penalties:
             apply_penalties(work, params, batch.prompt_token_ids, batch.output_token_ids)
         if uses_min_tokens:

@@ -205,6 +205,17 @@ class PluginManager:
                 return info
         return None
 
+    def describe(self) -> str:
+        """One line for the startup log: the plugins loaded (``--plugin`` ones marked), then
+        those blocked, failed or not loaded. Loaded means available to the engine: a
+        quantization or model plugin is used only when the checkpoint or a flag asks for it."""
+        groups: dict[str, list[str]] = {}
+        for info in self._plugins:
+            label = info.name + (" (--plugin)" if info.requested else "")
+            groups.setdefault(info.status, []).append(label)
+        parts = [f"{status}: {', '.join(names)}" for status, names in groups.items()]
+        return "; ".join(parts) or "none"
+
     def worker_args(self) -> list[str]:
         """``--plugin`` values that make a worker process load the same set of plugins."""
         loaded = [info.name for info in self._plugins if info.status == "loaded" and info.dist]

@@ -91,6 +91,12 @@ class InputProcessor:
     def resolve_params(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
         """Validate; fill EOS ids and a missing max_tokens; check the context fits."""
         params.validate(self.max_logprobs)
+        outside = [t for t in (params.logit_bias or {}) if t >= self.vocab_size]
+        if outside:
+            raise RequestValidationError(
+                f"logit_bias has token id(s) {outside[:5]} outside the vocabulary "
+                f"[0, {self.vocab_size}); use ids the model's tokenizer produces"
+            )
         changes: dict[str, Any] = {}
         if not params.eos_token_ids:
             changes["eos_token_ids"] = list(self.eos_token_ids)

@@ -2,10 +2,10 @@
 
 ``split(text, final=True)`` is the non-streaming answer. ``split(text, final=False)`` is
 the part of the answer that can no longer change whatever is generated next: a reasoning
-prefix and a content prefix (partial tags, undecided text and whitespace that a final strip
-could still remove are left out). Streaming sends
-the growth of those prefixes, so the concatenated deltas equal the non-streaming result for
-any split of the output into chunks.
+prefix and a content prefix (only a partial tag at the end is left out, so every other
+character streams as it is generated). Streaming sends the growth of those prefixes, so
+the concatenated deltas equal the non-streaming result for any split of the output into
+chunks.
 """
 
 from __future__ import annotations
@@ -62,12 +62,25 @@ class SplitReasoningParser(ReasoningParser):
         return None if delta.is_empty() else delta
 
 
-def without_partial_end(text: str) -> str:
-    """``text`` minus a suffix that could grow into ``</think>`` (``"abc</th"`` -> ``"abc"``)."""
-    for length in range(min(len(THINK_END) - 1, len(text)), 0, -1):
-        if text.endswith(THINK_END[:length]):
-            return text[:-length]
-    return text
+def without_partial_end(text: str, markers: tuple[str, ...] = (THINK_END,)) -> str:
+    """``text`` minus a suffix that could grow into one of ``markers`` (by default
+    ``</think>``: ``"abc</th"`` -> ``"abc"``)."""
+    cut = len(text)
+    for marker in markers:
+        for length in range(min(len(marker) - 1, len(text)), 0, -1):
+            if text.endswith(marker[:length]):
+                cut = min(cut, len(text) - length)
+                break
+    return text[:cut]
+
+
+def split_at_end_tag(body: str) -> tuple[str, str | None] | None:
+    """``(reasoning, content)`` around the first ``</think>`` of ``body`` (as vLLM: no
+    whitespace stripped, ``None`` content when nothing follows the tag); None without it."""
+    end = body.find(THINK_END)
+    if end < 0:
+        return None
+    return body[:end], body[end + len(THINK_END) :] or None
 
 
 def after_start_tag(text: str) -> str | None:

@@ -1,20 +1,26 @@
 """DeepSeek-R1 style reasoning: the output starts inside the think section.
 
-The chat template opens ``<think>`` in the prompt, so everything before ``</think>`` is
-reasoning (a ``<think>`` the model repeats at the start is dropped) and everything after it
-is content. Whitespace around the reasoning and before the content is dropped, as the
-template does when it renders the turn back. Without ``</think>`` the whole output is
-reasoning (generation stopped while thinking). Also the right parser for QwQ and Qwen3
-*-Thinking-2507 models, whose templates open ``<think>`` too.
+Splits as vLLM's ``deepseek_r1`` parser does:
+
+- A ``<think>`` that opens the output (the model repeating the template's tag) is dropped,
+  with the whitespace before it.
+- With ``</think>``: the text before the first one is reasoning, the text after it is
+  content (none when nothing follows).
+- Without ``</think>``: the whole output is reasoning (generation stopped while thinking).
+- No whitespace is stripped.
+
+Also the right parser for QwQ and Qwen3 *-Thinking-2507 models, whose templates open
+``<think>`` too. Streaming: every character streams as generated, except a partial tag at
+the end (``</thi``) and, at the very start, what may still become the opening ``<think>``.
 """
 
 from __future__ import annotations
 
 from engine_reasoning.base import (
-    THINK_END,
     SplitReasoningParser,
     after_start_tag,
     could_be_start_tag,
+    split_at_end_tag,
     without_partial_end,
 )
 
@@ -28,7 +34,7 @@ class DeepSeekR1ReasoningParser(SplitReasoningParser):
         body = after_start_tag(text)
         if body is None:
             body = text
-        end = body.find(THINK_END)
-        if end >= 0:
-            return body[:end].strip(), body[end + len(THINK_END) :].lstrip()
-        return (body if final else without_partial_end(body)).strip(), None
+        parts = split_at_end_tag(body)
+        if parts is not None:
+            return parts
+        return (body if final else without_partial_end(body)), None

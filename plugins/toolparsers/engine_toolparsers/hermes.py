@@ -9,13 +9,17 @@
     </tool_call>
 
 A block whose JSON does not parse stays in the content as written. An unclosed block at the
-end of the output is accepted if its JSON is complete, else it is content.
+end of the output is accepted if its JSON is complete, else it is content. The arguments
+are the model's own text of the arguments object (so they stream as generated, see
+``partial_call``); arguments given as a JSON string are decoded and re-encoded.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from engine_sdk.interfaces.partial_json import scan_call
 
 from engine_toolparsers.arguments import call_from_json
 from engine_toolparsers.base import PieceToolParser
@@ -28,12 +32,14 @@ from engine_toolparsers.pieces import (
     text_piece,
 )
 
+ARGUMENT_KEYS = ("arguments", "parameters")
 START = "<tool_call>"
 END = "</tool_call>"
 
 
 class HermesToolParser(PieceToolParser):
     name = "hermes"
+    streams_partial_calls = True
 
     def split(self, text: str, final: bool, tools: list[dict[str, Any]] | None) -> list[Piece]:
         pieces: list[Piece] = []
@@ -58,6 +64,18 @@ class HermesToolParser(PieceToolParser):
             pieces.append(_block(text[start : end + len(END)], text[start + len(START) : end]))
             pos = end + len(END)
 
+    def partial_call(self, pending: str) -> tuple[str, str] | None:
+        if not pending.startswith(START):
+            return None  # a partial start marker
+        inner = pending[len(START) :]
+        scanned = scan_call(inner, 0, ARGUMENT_KEYS)
+        if not scanned.valid or scanned.name is None or not scanned.name.strip():
+            return None
+        if scanned.args_start is None or inner[scanned.args_start] != "{":
+            return scanned.name.strip(), ""  # the arguments are sent once complete
+        arguments = inner[scanned.args_start : scanned.args_end]
+        return scanned.name.strip(), arguments.rstrip()
+
 
 def _block(raw: str, inner: str) -> Piece:
     call = parse_hermes_json(inner)
@@ -69,4 +87,15 @@ def parse_hermes_json(inner: str) -> ParsedCall | None:
         obj = json.loads(inner)
     except (ValueError, RecursionError):
         return None
-    return call_from_json(obj, ("arguments", "parameters"))
+    call = call_from_json(obj, ARGUMENT_KEYS)
+    if call is None:
+        return None
+    scanned = scan_call(inner, 0, ARGUMENT_KEYS)
+    if scanned.args_start is None or scanned.args_end is None:
+        return call
+    raw = inner[scanned.args_start : scanned.args_end]
+    # The model's own text when it is the object the call holds (an arguments key given
+    # twice, or arguments as a JSON string, keep the re-encoded form).
+    if raw.startswith("{") and json.loads(raw) == json.loads(call.arguments):
+        return ParsedCall(call.name, raw)
+    return call

@@ -74,10 +74,27 @@ class TestHermesConformance(ToolParserConformance):
     transcripts = TRANSCRIPTS
 
 
-def test_arguments_are_compact_json_without_ascii_escapes() -> None:
-    result = HermesToolParser().extract_tool_calls(TRANSCRIPTS[1].text)
-    assert result.tool_calls[1].arguments == json.dumps(MESSAGE, ensure_ascii=False)
-    assert "José" in result.tool_calls[1].arguments
+def test_arguments_are_the_models_own_json_text() -> None:
+    # As written (here with ASCII escapes), so they can stream while being generated.
+    text = TRANSCRIPTS[1].text
+    result = HermesToolParser().extract_tool_calls(text)
+    arguments = result.tool_calls[1].arguments
+    assert json.loads(arguments) == MESSAGE and arguments in text
+
+
+def test_arguments_stream_while_the_call_is_generated() -> None:
+    parser = HermesToolParser()
+    text = 'Hi <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}'
+    pieces: list[tuple[int, str | None, str | None]] = []
+    previous = ""
+    for end in range(1, len(text) + 1):
+        delta = parser.extract_tool_calls_streaming(previous, text[:end], text[end - 1], None)
+        previous = text[:end]
+        for d in delta.tool_calls if delta else []:
+            pieces.append((d.index, d.name, d.arguments))
+    assert pieces[0] == (0, "get_weather", "")
+    fragments = [args for _, name, args in pieces[1:] if name is None]
+    assert len(fragments) > 5 and "".join(fragments) == '{"city": "Paris", "days": 3}'
 
 
 def test_truncated_call_is_content_unchanged() -> None:

@@ -5,6 +5,11 @@ One parser instance serves one request. ``extract_tool_calls`` parses a finished
 returns what to send (or ``None`` to hold back). For any split of the same text into chunks,
 the concatenated streaming deltas must equal the non-streaming result; malformed output is
 returned as plain content, never raised.
+
+One exception, for parsers that set ``streams_partial_calls``: they stream a call's
+arguments while it is generated (as OpenAI and vLLM do), so an output that ends inside an
+unfinished call (cut off by ``max_tokens``) has one more, partial, call in the stream than
+the non-streaming result, which keeps that text as content.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from engine_sdk.interfaces.messages import DeltaMessage, ExtractedToolCalls
 
 class ToolParser(ABC):
     name: ClassVar[str] = ""
+    # Arguments stream as generated (see the module docstring); False: each call whole.
+    streams_partial_calls: ClassVar[bool] = False
 
     def __init__(self, tokenizer: Any = None) -> None:
         self.tokenizer = tokenizer

@@ -7,7 +7,9 @@ what the server relies on:
    split point, one character per chunk, and random multi-splits (with empty chunks) from a
    fixed seed. Content and reasoning concatenate to the non-streaming strings (``None`` and
    ``""`` are the same); each streamed call has its index, id and name on its first delta,
-   and its argument fragments concatenate to exactly the non-streaming arguments string.
+   and its argument fragments concatenate to exactly the non-streaming arguments string
+   (a ``streams_partial_calls`` parser may add one partial call for an output cut off
+   inside a call).
 2. Malformed output never raises: truncations of the transcripts, mutated transcripts
    (spans deleted, repeated, swapped) and random strings from a fixed seed. A tool parser
    that finds no call returns the output unchanged as content; a truncated output never
@@ -300,7 +302,14 @@ def _check_tool_splits(
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{_describe(transcript.label, text, chunks)}") from None
         streamed_calls = [(name, arguments) for _, name, arguments in streamed.calls]
-        assert streamed.content == content and streamed_calls == calls, (
+        # A parser that streams unfinished calls has one extra, partial, call in the stream
+        # of an output cut off inside a call (the tool_parser module docstring).
+        cut_off_call = (
+            getattr(parser_cls, "streams_partial_calls", False)
+            and len(streamed_calls) == len(calls) + 1
+            and streamed_calls[:-1] == calls
+        )
+        assert streamed.content == content and (streamed_calls == calls or cut_off_call), (
             "streaming differs from non-streaming\n"
             f"non-streaming: content={content!r} calls={calls!r}\n"
             f"streaming:     content={streamed.content!r} calls={streamed_calls!r}\n"

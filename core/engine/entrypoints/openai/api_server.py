@@ -27,6 +27,7 @@ from engine.entrypoints.openai.errors import (
     APIError,
     error_body,
     install_error_handlers,
+    model_not_found,
     queue_full,
 )
 from engine.entrypoints.openai.http_limits import RequestSizeLimitMiddleware
@@ -54,13 +55,13 @@ from engine.entrypoints.openai.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from engine.entrypoints.openai.request_fields import check_extra_fields
 from engine.entrypoints.openai.serving_base import ClientDisconnected, ServingContext
 from engine.entrypoints.openai.serving_chat import ChatServing, messages_to_dicts
 from engine.entrypoints.openai.serving_completion import CompletionServing
 from engine.entrypoints.openai.stats_logger import (
     StatsLogger,
     WarnOnce,
-    ignored_fields_message,
 )
 from engine.entrypoints.openai.validation import (
     RequestLimits,
@@ -182,10 +183,8 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
     completion = CompletionServing(ctx)
 
     def warn_extra(body: OpenAIBase) -> None:
-        """At most one log line per request, and only once per set of names."""
-        extra = body.model_extra
-        if extra:
-            warn_once(ignored_fields_message(extra, len(extra)))
+        """At most one log line per request (see request_fields.check_extra_fields)."""
+        check_extra_fields(body.model_extra, isinstance(body, ChatCompletionRequest), warn_once)
 
     def admit() -> None:
         """Refuse at once when the queue is full, before template and tokenizer work."""
@@ -211,13 +210,19 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
     async def version() -> dict[str, str]:
         return {"version": engine.__version__}
 
+    def model_card(name: str) -> ModelCard:
+        return ModelCard(id=name, root=ctx.served_model_names[0], max_model_len=ctx.max_model_len)
+
     @router.get("/v1/models")
     async def models() -> ModelList:
-        cards = [
-            ModelCard(id=name, root=ctx.served_model_names[0], max_model_len=ctx.max_model_len)
-            for name in ctx.served_model_names
-        ]
-        return ModelList(data=cards)
+        return ModelList(data=[model_card(name) for name in ctx.served_model_names])
+
+    @router.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> ModelCard:
+        """One model's card (the id may be a path, as vLLM's default served name is)."""
+        if model_id not in ctx.served_model_names:
+            raise model_not_found(model_id)
+        return model_card(model_id)
 
     @router.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:

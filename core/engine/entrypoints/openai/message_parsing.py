@@ -20,6 +20,7 @@ from engine_sdk.interfaces.reasoning_parser import ReasoningParser
 from engine_sdk.interfaces.tool_parser import ToolParser
 
 from engine.entrypoints.openai.chat_features import ChatFeatures
+from engine.entrypoints.openai.forced_tool_calls import ForcedToolCalls
 from engine.entrypoints.openai.protocol import (
     DeltaFunctionCall,
     DeltaToolCall,
@@ -27,7 +28,7 @@ from engine.entrypoints.openai.protocol import (
     ToolCallItem,
 )
 from engine.entrypoints.openai.protocol import DeltaMessage as ApiDelta
-from engine.entrypoints.openai.tool_choice import ForcedToolCalls, ToolPlan
+from engine.entrypoints.openai.tool_choice import ToolPlan
 
 
 @dataclass
@@ -106,7 +107,11 @@ class ChoiceParser:
         elif self.tool is not None:
             extracted = self.tool.extract_tool_calls(content or "", self.tools)
             calls, content = extracted.tool_calls, extracted.content
+        if not self.plan.tools.parallel:
+            calls = calls[:1]  # parallel_tool_calls: false (auto: the parser may find more)
         self.num_tool_calls = len(calls)
+        if calls and self.forced is not None:
+            content = None  # the constrained output is the calls, never content
         return ParsedMessage(content or None, reasoning or None, calls)
 
     # -- streaming ----------------------------------------------------------------------------
@@ -154,6 +159,8 @@ class ChoiceParser:
                 _merge(step, self.tool.finish_streaming(self._content))
         else:
             step = DeltaMessage(content=piece or None)
+        if step is not None and not self.plan.tools.parallel:
+            step.tool_calls = [d for d in step.tool_calls if d.index == 0]
         if step is not None:
             indexes = {d.index for d in step.tool_calls}
             self.num_tool_calls = max(self.num_tool_calls, max(indexes, default=-1) + 1)
@@ -171,13 +178,29 @@ def api_tool_calls(calls: list[ToolCall]) -> list[ToolCallItem] | None:
 
 def api_delta(delta: DeltaMessage) -> ApiDelta:
     """The OpenAI delta of a parser delta (``reasoning`` mirrors ``reasoning_content``)."""
-    tool_calls = [_api_tool_delta(d) for d in delta.tool_calls] or None
+    tool_calls = [_api_tool_delta(d) for d in coalesce_tool_deltas(delta.tool_calls)] or None
     return ApiDelta(
         content=delta.content or None,
         reasoning_content=delta.reasoning_content or None,
         reasoning=delta.reasoning_content or None,
         tool_calls=tool_calls,
     )
+
+
+def coalesce_tool_deltas(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """One delta per call index (in order of first appearance), as OpenAI sends them: id
+    and name from the first that has them, the arguments concatenated."""
+    merged: dict[int, ToolCallDelta] = {}
+    for d in deltas:
+        into = merged.get(d.index)
+        if into is None:
+            merged[d.index] = ToolCallDelta(d.index, d.id, d.name, d.arguments)
+            continue
+        into.id = into.id if into.id is not None else d.id
+        into.name = into.name if into.name is not None else d.name
+        if d.arguments is not None:
+            into.arguments = (into.arguments or "") + d.arguments
+    return list(merged.values())
 
 
 def _api_tool_delta(delta: ToolCallDelta) -> DeltaToolCall:
@@ -192,8 +215,11 @@ def _api_tool_delta(delta: ToolCallDelta) -> DeltaToolCall:
     )
 
 
-def tool_finish_reason(finish_reason: str | None, num_tool_calls: int) -> str | None:
-    """``tool_calls`` for an output that ended normally after making calls."""
-    if num_tool_calls and finish_reason == "stop":
+def tool_finish_reason(
+    finish_reason: str | None, num_tool_calls: int, tool_mode: str = "auto"
+) -> str | None:
+    """``tool_calls`` for an output that ended normally after making calls, except for a
+    named ``tool_choice``, where OpenAI (and vLLM) answer ``stop``."""
+    if num_tool_calls and finish_reason == "stop" and tool_mode != "named":
         return "tool_calls"
     return finish_reason

@@ -23,7 +23,12 @@ class OpenAIBase(BaseModel):
 
 class StreamOptions(OpenAIBase):
     include_usage: StrictBool | None = False
+    # vLLM's: with include_usage, every chunk carries the usage so far too.
     continuous_usage_stats: StrictBool | None = False
+
+
+def continuous_usage(options: StreamOptions | None) -> bool:
+    return options is not None and bool(options.include_usage and options.continuous_usage_stats)
 
 
 class SamplingFields(OpenAIBase):
@@ -50,6 +55,8 @@ class SamplingFields(OpenAIBase):
     cache_salt: str | None = None
     priority: StrictInt = 0
     stop_token_ids: list[StrictInt] | None = None
+    # OpenAI: token id (a string key in JSON) -> bias in [-100, 100] added to its logit.
+    logit_bias: dict[str, float] | None = None
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
     # structured outputs: exactly one of json, regex, choice, grammar (or OpenAI's
@@ -73,6 +80,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: StrictInt | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # None: true (several calls allowed)
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: StrictBool = True

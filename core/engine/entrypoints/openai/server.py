@@ -180,12 +180,23 @@ class EngineServer(uvicorn.Server):
 
 
 def default_served_name(model: str | None) -> str:
+    """The short name of a model path: the folder's base name (a GGUF file's stem)."""
     from engine.server_config import DEFAULT_MODEL_NAME
 
     if not model:
         return DEFAULT_MODEL_NAME
     path = Path(model.rstrip("/"))
     return path.stem if path.suffix.lower() == ".gguf" else path.name
+
+
+def default_served_names(model: str | None) -> list[str]:
+    """Names served without ``--served-model-name``: the ``--model`` argument as given (as
+    vLLM does, so a client that sends the path it started the server with is answered),
+    then the short name as an alias when it differs."""
+    short = default_served_name(model)
+    if not model or model == short:
+        return [short]
+    return [model, short]
 
 
 def attach_stats_listener(engine_client: Any, metrics: ServerMetrics) -> bool:
@@ -249,7 +260,7 @@ def serve_engine(
     SIGINT, which its supervisor forwards as SIGTERM)."""
     server: EngineServer | None = None
     try:
-        names = server_args.served_model_name or [default_served_name(engine_args.model)]
+        names = server_args.served_model_name or default_served_names(engine_args.model)
         ctx = ServingContext(
             engine=engine_client,
             served_model_names=list(names),

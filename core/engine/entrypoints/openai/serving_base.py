@@ -203,6 +203,8 @@ def build_sampling_params(
         changes["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
     if req.stop_token_ids is not None:
         changes["stop_token_ids"] = list(req.stop_token_ids)
+    if req.logit_bias:  # keys checked by validation.py
+        changes["logit_bias"] = {int(k): float(v) for k, v in req.logit_bias.items()}
     params = defaults.clone(**changes)
     if params.top_k == -1:
         params.top_k = 0

@@ -48,6 +48,7 @@ from engine.entrypoints.openai.protocol import (
     ChatMessage,
     DeltaMessage,
     UsageInfo,
+    continuous_usage,
 )
 from engine.entrypoints.openai.serving_base import (
     ClientDisconnected,
@@ -143,7 +144,7 @@ class ChatServing:
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
         structured = structured_outputs_from_request(req)
-        tool_plan = plan_tools(req.tools, req.tool_choice, self.features)
+        tool_plan = plan_tools(req.tools, req.tool_choice, self.features, req.parallel_tool_calls)
         if tool_plan.constraint is not None and structured is not None:
             raise APIError(
                 f"tool_choice {tool_plan.mode} constrains the output itself; drop "
@@ -242,7 +243,7 @@ class ChatServing:
             reasoning=parsed.reasoning,
             tool_calls=api_tool_calls(parsed.tool_calls),
         )
-        return message, tool_finish_reason(s.finish_reason, len(parsed.tool_calls))
+        return message, tool_finish_reason(s.finish_reason, len(parsed.tool_calls), plan.tools.mode)
 
     async def _stream(
         self, stream: EngineStream, first: RequestOutput | None, meta: _ResponseMeta, tracker: Any
@@ -253,6 +254,7 @@ class ChatServing:
         num_top = (req.top_logprobs or 0) if req.logprobs else None
         plan = meta.plan
         parsers = [ChoiceParser(plan, self.ctx.tokenizer) if plan.parses else None for _ in states]
+        continuous = continuous_usage(req.stream_options)
         try:
             for s in states:
                 role = DeltaMessage(role="assistant", content="")
@@ -267,7 +269,9 @@ class ChatServing:
                 tracker.on_tokens(sum(len(d.token_ids) for d in deltas.values()))
                 for idx, delta in deltas.items():
                     choice = _chunk_choice(idx, delta, text_of, num_top, parsers[idx])
-                    yield sse_event(meta.chunk([choice]))
+                    if _says_something(choice):  # a parser holding text back: no chunk
+                        usage = meta.usage(states) if continuous else None
+                        yield sse_event(meta.chunk([choice], usage=usage))
             for s in states:
                 last = s.force_finish("abort")
                 if last is not None:
@@ -305,7 +309,9 @@ def _chunk_choice(
                 flushed.reasoning_content or ""
             ) or None
             parsed.tool_calls.extend(flushed.tool_calls)
-            finish_reason = tool_finish_reason(finish_reason, parser.num_tool_calls)
+            finish_reason = tool_finish_reason(
+                finish_reason, parser.num_tool_calls, parser.plan.tools.mode
+            )
         message = api_delta(parsed)
     return ChatChunkChoice(
         index=index,
@@ -313,6 +319,17 @@ def _chunk_choice(
         logprobs=chat_logprobs(delta.logprobs, text_of, num_top) if num_top is not None else None,
         finish_reason=finish_reason,
         stop_reason=delta.stop_reason,
+    )
+
+
+def _says_something(choice: ChatChunkChoice) -> bool:
+    delta = choice.delta
+    return bool(
+        delta.content
+        or delta.reasoning_content
+        or delta.tool_calls
+        or choice.finish_reason is not None
+        or choice.logprobs is not None
     )
 
 

@@ -37,6 +37,7 @@ from engine.entrypoints.openai.protocol import (
     CompletionRequest,
     CompletionResponse,
     UsageInfo,
+    continuous_usage,
 )
 from engine.entrypoints.openai.serving_base import (
     ClientDisconnected,
@@ -247,6 +248,7 @@ class CompletionServing:
         states = [ChoiceState(i) for i in range(len(meta.prompts) * meta.n)]
         text_of = TokenText(self.ctx.tokenizer)
         offsets = [0] * len(states)
+        continuous = continuous_usage(req.stream_options)
         try:
             if req.echo:
                 for s in states:
@@ -262,12 +264,14 @@ class CompletionServing:
                 deltas = advance_all(states, out, p_idx * meta.n)
                 tracker.on_tokens(sum(len(d.token_ids) for d in deltas.values()))
                 for idx, delta in deltas.items():
-                    if req.logprobs is None:  # the common case, without pydantic models
+                    if req.logprobs is None and not continuous:  # the common case, fast
                         yield _fast_chunk(meta, idx, delta)
                         continue
                     lps = self._delta_logprobs(delta, text_of, req, offsets[idx])
                     offsets[idx] += len(delta.text)
-                    yield sse_event(self._chunk(meta, idx, delta.text, lps, delta))
+                    chunk = self._chunk(meta, idx, delta.text, lps, delta)
+                    chunk.usage = meta.usage(states) if continuous else None
+                    yield sse_event(chunk)
             for s in states:
                 delta = s.force_finish("abort")
                 if delta is not None:

@@ -117,6 +117,8 @@ def validate_sampling_fields(req: SamplingFields, limits: RequestLimits) -> None
                 "stop_token_ids",
             )
         _check_token_ids("stop_token_ids", req.stop_token_ids, limits.vocab_size)
+    if req.logit_bias is not None:
+        _check_logit_bias(req.logit_bias, limits.vocab_size)
     if req.cache_salt is not None and not 1 <= len(req.cache_salt) <= MAX_CACHE_SALT_CHARS:
         raise _bad(
             f"cache_salt must be 1 to {MAX_CACHE_SALT_CHARS} characters, got {len(req.cache_salt)}",
@@ -137,6 +139,29 @@ def _check_stop(stop: str | list[str] | None) -> None:
             raise _bad(
                 f"stop[{i}] must be 1 to {MAX_STOP_STRING_CHARS} characters long, got {len(text)}",
                 "stop",
+            )
+
+
+def _check_logit_bias(logit_bias: Mapping[str, float], vocab_size: int) -> None:
+    """OpenAI's rules: keys are token ids (as strings), values lie in [-100, 100]."""
+    for key, value in logit_bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise _bad(
+                f"logit_bias key {key[:32]!r} is not a token id; keys are token ids as "
+                'strings, e.g. {"50256": -100}',
+                "logit_bias",
+            ) from None
+        if not 0 <= token < vocab_size:
+            raise _bad(
+                f"logit_bias key {token} is out of range; token ids must be in [0, {vocab_size})",
+                "logit_bias",
+            )
+        if not (math.isfinite(value) and -100 <= value <= 100):
+            raise _bad(
+                f"logit_bias[{key!r}] = {value} is out of range; biases must be in [-100, 100]",
+                "logit_bias",
             )
 
 
