@@ -55,7 +55,16 @@ class PluginSpec:
 
 @dataclass(frozen=True)
 class AttentionBackendSpec(PluginSpec):
-    """An attention backend. ``priority`` orders automatic selection (higher wins)."""
+    """An attention backend and what it can run; the core checks every field, in one place.
+
+    ``devices``: torch device types (``cpu``, ``cuda``). ``min_capability``: the lowest
+    CUDA compute capability times ten (``80`` = Ampere), ``None`` for any. ``dtypes``: model
+    dtypes. ``kv_cache_dtypes``: ``--kv-cache-dtype`` values it stores (``auto`` = the model
+    dtype). ``block_sizes``: KV-cache block sizes. ``head_sizes``: supported head
+    dimensions, empty for any. ``supports_sliding_window``: layers with a sliding window.
+    ``supports_logits_soft_cap``: attention-logit soft-capping (Gemma 2 style).
+    ``priority`` orders automatic selection among fitting backends (higher wins).
+    """
 
     kind: ClassVar[str] = "attention_backend"
     devices: tuple[str, ...] = ("cpu", "cuda")
@@ -63,13 +72,21 @@ class AttentionBackendSpec(PluginSpec):
     block_sizes: tuple[int, ...] = (16, 32)
     kv_cache_dtypes: tuple[str, ...] = ("auto",)
     priority: int = 0
+    min_capability: int | None = None
+    head_sizes: tuple[int, ...] = ()
+    supports_sliding_window: bool = True
+    supports_logits_soft_cap: bool = False
 
     def capabilities(self) -> dict[str, object]:
         return {
             "devices": list(self.devices),
+            "min_capability": self.min_capability,
             "dtypes": list(self.dtypes),
             "block_sizes": list(self.block_sizes),
             "kv_cache_dtypes": list(self.kv_cache_dtypes),
+            "head_sizes": list(self.head_sizes) or "any",
+            "supports_sliding_window": self.supports_sliding_window,
+            "supports_logits_soft_cap": self.supports_logits_soft_cap,
             "priority": self.priority,
         }
 
