@@ -76,7 +76,7 @@ class LLMEngine:
 
         if not args.model:
             raise ValueError("no model given: pass --model PATH (LLM(model=PATH))")
-        pm = PluginManager.load(requested=args.plugins)
+        pm = PluginManager.load(requested=args.plugins, report_failures=True)
         source = open_model_source(args, pm)
         runner = _make_runner(args, pm, source)
         scheduler_config = SchedulerConfig.from_engine_args(args, runner.max_model_len)

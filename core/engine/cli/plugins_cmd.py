@@ -139,9 +139,15 @@ def _print_installed(rows: list[dict[str, Any]]) -> None:
             typer.echo(f"\n{row['name']} failed: {row['error']}")
 
 
-def _print_available(entries: list[CatalogueEntry]) -> None:
+def _print_available(entries: list[CatalogueEntry], catalogue: Catalogue) -> None:
+    if catalogue.source is None:
+        typer.echo(
+            "no registry.toml found: set ENGINE_REGISTRY=PATH to a catalogue, or run from a "
+            "source checkout of engine"
+        )
+        return
     if not entries:
-        typer.echo("every plugin in registry.toml is installed (or registry.toml is not found)")
+        typer.echo(f"every plugin in {catalogue.source} is installed")
         return
     headers = ["NAME", "DISTRIBUTION", "STATUS", "PROVIDES", "HARDWARE", "INSTALL"]
     table = [
@@ -192,7 +198,7 @@ def list_plugins(
         if as_json:
             typer.echo(json.dumps({"available": [e.as_dict() for e in entries]}, indent=2))
         else:
-            _print_available(entries)
+            _print_available(entries, pm.catalogue)
         return
     rows = _installed_rows(pm, kind)
     if as_json:

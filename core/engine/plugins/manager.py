@@ -9,6 +9,7 @@ one that fails is recorded as ``failed`` and the engine goes on without it.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -24,12 +25,15 @@ from engine.plugins.catalogue import Catalogue
 from engine.plugins.discovery import Candidate, discover_entry_points
 from engine.plugins.errors import PluginError
 from engine.plugins.info import PluginInfo
+from engine.plugins.preflight import missing_dependencies, sdk_refusal
 from engine.plugins.registry import Registry
 from engine.plugins.selection import normalize_device, normalize_dtype, rank_backends
 from engine.plugins.versions import sdk_requirement, specifier_contains
 
 if TYPE_CHECKING:
     from engine_sdk.interfaces.attention import AttentionBackend
+
+logger = logging.getLogger(__name__)
 
 
 def _sdk_version() -> str:
@@ -71,10 +75,13 @@ class PluginManager:
         *,
         discover: bool = True,
         catalogue: Catalogue | None = None,
+        report_failures: bool = False,
     ) -> PluginManager:
         """Discover and load plugins; ``extra_plugins`` are modules/objects (for tests).
 
         ``discover=False`` skips entry points so only ``extra_plugins`` load.
+        ``report_failures`` logs one warning per failed plugin: the engine's startup sets
+        it, so the report appears once and not again in each process that loads plugins.
         """
         env = os.environ if env is None else env
         activation = parse_activation(requested, env)
@@ -90,7 +97,21 @@ class PluginManager:
             info.requested = name in activation.requested
             pm._plugins.append(info)
             pm._activate(info, plugin)
+        if report_failures:
+            pm.report_failures()
         return pm
+
+    def report_failures(self) -> None:
+        """Log one warning per failed plugin: its name, the cause and what to do."""
+        for info in self._plugins:
+            if info.status == "failed":
+                logger.warning(
+                    "plugin %s failed and is not used: %s (`engine plugins list` shows it; "
+                    "block it with --plugin no:%s to silence this)",
+                    info.owner,
+                    info.error,
+                    info.name,
+                )
 
     def _check_requested(self, candidates: list[Candidate], extra_names: list[str]) -> None:
         available = {c.name for c in candidates} | {c.dist for c in candidates if c.dist}
@@ -149,6 +170,19 @@ class PluginManager:
             self._import_and_activate(info, candidate)
 
     def _import_and_activate(self, info: PluginInfo, candidate: Candidate) -> None:
+        refusal = sdk_refusal(info.name, info.dist, info.sdk_requirement, _sdk_version())
+        if refusal is not None:
+            self._fail(info, refusal, fix="")
+            return
+        missing = missing_dependencies(candidate.requires)
+        if missing:
+            quoted = " ".join(f"'{m.split(' (installed')[0]}'" for m in missing)
+            self._fail(
+                info,
+                f"missing dependencies: {', '.join(missing)}",
+                fix=f"install them: pip install {quoted}",
+            )
+            return
         try:
             plugin = candidate.entry_point.load()
         except Exception as exc:
@@ -156,15 +190,28 @@ class PluginManager:
             return
         self._activate(info, plugin)
 
-    def _fail(self, info: PluginInfo, error: str) -> None:
+    def _fail(self, info: PluginInfo, error: str, fix: str | None = None) -> None:
+        """Record ``info`` as failed; a plugin the user required is a ``PluginError``."""
         info.status = "failed"
         info.error = error
         if info.requested:
+            if fix is None:
+                fix = f"reinstall it ({self.catalogue.install_hint(info.name)})"
+            todo = f"; {fix}" if fix else ""
             raise PluginError(
-                f"plugin {info.name!r} ({info.dist}) was requested but cannot load: {error}. "
-                f"Reinstall it ({self.catalogue.install_hint(info.name)}) or drop "
-                f"--plugin {info.name}"
+                f"plugin {info.name!r} ({info.dist}) was requested but cannot load: {error}"
+                f"{todo}; or drop --plugin {info.name}"
             )
+
+    def mark_failed(self, kind: str, name: str, error: str) -> None:
+        """A spec's target failed when the core used it: its plugin is failed from now on.
+
+        Its specs leave the registry so later lookups skip them; a required plugin raises.
+        """
+        info = self.registry.owner(kind, name)
+        self.registry.remove_owner(info)
+        logger.warning("plugin %s failed and is not used: %s", info.owner, error)
+        self._fail(info, error)
 
     def _activate(self, info: PluginInfo, plugin: object) -> None:
         """Register with pluggy, call each hook for this plugin alone, register its specs."""
@@ -185,7 +232,11 @@ class PluginManager:
                     specs.setdefault(kind, []).extend(validate_hook_result(kind, result, info.name))
         except Exception as exc:
             self.hooks.unregister(plugin)
-            self._fail(info, f"a hook failed: {type(exc).__name__}: {exc}")
+            self._fail(
+                info,
+                f"a hook failed: {type(exc).__name__}: {exc}",
+                fix=f"report it to the authors of {info.dist or info.name}",
+            )
             return
         info.specs = {kind: found for kind, found in specs.items() if found}
         for kind_specs in info.specs.values():
