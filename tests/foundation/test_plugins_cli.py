@@ -197,3 +197,25 @@ def test_collect_env_says_when_no_variable_is_set(capsys: pytest.CaptureFixture[
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith("environment: none of ENGINE_*, CUDA_*")
     assert "environment:" not in lines[:-1]
+
+
+def test_explain_lists_every_reason(run_engine: RunEngine) -> None:
+    out = run_engine(
+        "plugins", "list", "--explain", "--device", "cuda", "--capability", "7.0",
+        "--kv-cache-dtype", "fp8_e5m2", "--block-size", "8",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == (
+        "for device=cuda (capability 7.0), dtype=bfloat16, block_size=8, kv_cache_dtype=fp8_e5m2:"
+    )
+    triton = lines.index("  triton: refused")
+    assert lines[triton + 1 : triton + 3] == [
+        "    - kv_cache_dtype 'fp8_e5m2' not in ['auto', 'fp8', 'fp8_e4m3']",
+        "    - block size 8 not in [16, 32, 64]",
+    ]
+    assert "  reference: fits" in lines
+    awq = lines.index("  awq: refused")
+    assert "needs compute capability >= 7.5, this GPU is 7.0" in lines[awq + 1]
+    report = json.loads(run_engine("plugins", "list", "--explain", "--json").stdout)
+    assert report["attention_backend"]["reference"] == {"fits": True, "reasons": []}

@@ -177,6 +177,31 @@ def list_plugins(
         list[str] | None,
         typer.Option("--plugin", help="Require (NAME) or block (no:NAME) a plugin; repeatable."),
     ] = None,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain",
+            help="Which attention backends and quantization methods fit this run, and every "
+            "reason the others refuse (imports torch to find the GPU).",
+        ),
+    ] = False,
+    device: Annotated[str, typer.Option("--device", help="With --explain: cpu, cuda or auto.")] = (
+        "auto"
+    ),
+    dtype: Annotated[str, typer.Option("--dtype", help="With --explain: the model dtype.")] = (
+        "bfloat16"
+    ),
+    block_size: Annotated[int, typer.Option("--block-size", help="With --explain.")] = 16,
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="With --explain.")] = (
+        "auto"
+    ),
+    head_size: Annotated[
+        int | None, typer.Option("--head-size", help="With --explain: the model's head size.")
+    ] = None,
+    capability: Annotated[
+        float | None,
+        typer.Option("--capability", help="With --explain: a GPU's compute capability (8.0)."),
+    ] = None,
 ) -> None:
     """List plugins: name, distribution, what they provide, SDK compatibility, status."""
     import engine_sdk
@@ -193,6 +218,20 @@ def list_plugins(
     except PluginError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    if explain:
+        from engine.cli.plugins_explain import detect_device, print_explain
+        from engine.cli.plugins_explain import explain as explain_run
+        from engine.plugins.capabilities import AttentionNeeds, QuantizationNeeds
+
+        found, detected = detect_device(device)
+        cap = round(capability * 10) if capability is not None else detected
+        needs = AttentionNeeds(found, dtype, block_size, kv_cache_dtype, cap, head_size)
+        report = explain_run(pm, needs, QuantizationNeeds(found, cap))
+        if as_json:
+            typer.echo(json.dumps(report, indent=2))
+        else:
+            print_explain(report)
+        return
     if available:
         entries = _available_entries(pm, kind)
         if as_json:

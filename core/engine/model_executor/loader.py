@@ -25,7 +25,9 @@ from engine_sdk.interfaces.quantization import QuantizationConfig, QuantizationM
 
 from engine.config import EngineArgs
 from engine.errors import StartupError
+from engine.model_executor.plugin_needs import quantization_needs
 from engine.model_executor.source import ModelSource
+from engine.plugins import PluginError
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +115,12 @@ def resolve_quant_config(
     except (ValueError, KeyError, TypeError) as exc:  # a plugin refusing this checkpoint
         where = "--quantization" if args.quantization else "the checkpoint's quantization_config"
         raise StartupError(f"quantization {name!r} ({where}): {exc}") from exc
-    problem = quant_config.check_device(device)
+    try:
+        needs = quantization_needs(device, quant_config.allow_reference)
+        pm.check_quantization(str(name), needs)
+    except PluginError as exc:
+        raise StartupError(str(exc)) from exc
+    problem = quant_config.check_device(device)  # what the spec's data cannot say
     if problem is not None:
         raise StartupError(f"quantization {name!r} cannot run on {device}: {problem}")
     return quant_config

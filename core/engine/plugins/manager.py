@@ -18,16 +18,26 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 from engine_sdk import PROJECT_NAME, hookspecs
 from engine_sdk.kinds import KIND_HOOKS, validate_hook_result
-from engine_sdk.specs import SPEC_KINDS, AttentionBackendSpec, PluginSpec
+from engine_sdk.specs import (
+    SPEC_KINDS,
+    AttentionBackendSpec,
+    PluginSpec,
+    QuantizationMethodSpec,
+)
 
 from engine.plugins.activation import Activation, parse_activation
+from engine.plugins.capabilities import (
+    AttentionNeeds,
+    QuantizationNeeds,
+    quantization_refusals,
+)
 from engine.plugins.catalogue import Catalogue
 from engine.plugins.discovery import Candidate, discover_entry_points
 from engine.plugins.errors import PluginError
 from engine.plugins.info import PluginInfo
 from engine.plugins.preflight import missing_dependencies, sdk_refusal
 from engine.plugins.registry import Registry
-from engine.plugins.selection import normalize_device, normalize_dtype, rank_backends
+from engine.plugins.selection import rank_backends, refusals_text
 from engine.plugins.versions import sdk_requirement, specifier_contains
 
 if TYPE_CHECKING:
@@ -278,36 +288,59 @@ class PluginManager:
             )
         return self.registry.resolve("model_architecture", found[0].name)
 
-    def select_attention_backend(
-        self, device: str, dtype: str, block_size: int, name: str | None = None
-    ) -> type[AttentionBackend]:
-        """The named backend if it fits, else the highest-priority fitting one."""
-        device, dtype = normalize_device(device), normalize_dtype(dtype)
+    def attention_specs(self) -> list[AttentionBackendSpec]:
         specs = self.registry.specs("attention_backend")
-        attention_specs = [s for s in specs if isinstance(s, AttentionBackendSpec)]
-        fitting, rejected = rank_backends(attention_specs, device, dtype, block_size)
-        wanted = f"device={device}, dtype={dtype}, block_size={block_size}"
+        return [s for s in specs if isinstance(s, AttentionBackendSpec)]
+
+    def quantization_specs(self) -> list[QuantizationMethodSpec]:
+        specs = self.registry.specs("quantization_method")
+        return [s for s in specs if isinstance(s, QuantizationMethodSpec)]
+
+    def select_attention_backend(
+        self, needs: AttentionNeeds, name: str | None = None
+    ) -> type[AttentionBackend]:
+        """The named backend if it fits, else the highest-priority fitting one.
+
+        The only place the attention backend is chosen; a refusal lists every reason of
+        every backend (the same lines ``engine plugins list --explain`` prints).
+        """
+        fitting, rejected = rank_backends(self.attention_specs(), needs)
+        wanted = needs.describe()
         if name is not None:
             self.registry.get_spec("attention_backend", name)
             if name in rejected:
                 others = ", ".join(s.name for s in fitting) or "none"
                 raise PluginError(
-                    f"attention backend {name!r} cannot run {wanted}: {rejected[name]}. "
-                    f"Backends that fit: {others}; change --attention-backend or the "
-                    "dtype/block size"
+                    f"attention backend {name!r} cannot run {wanted}:\n"
+                    f"{refusals_text({name: rejected[name]})}\n"
+                    f"Backends that fit: {others}; change --attention-backend, or --dtype / "
+                    "--block-size / --kv-cache-dtype"
                 )
             chosen = name
         elif fitting:
             chosen = fitting[0].name
         else:
-            why = "; ".join(f"{n}: {r}" for n, r in rejected.items()) or "none is loaded"
+            why = refusals_text(rejected) or "  - no attention backend is loaded"
             raise PluginError(
-                f"no attention backend fits {wanted} ({why}). Change --dtype / --block-size "
-                "/ --device, or install a backend plugin for this hardware "
+                f"no attention backend fits {wanted}:\n{why}\nChange --dtype / --block-size "
+                "/ --kv-cache-dtype / --device, or install a backend plugin for this hardware "
                 "(`engine plugins list --available --kind attention_backend`)"
             )
         backend: type[AttentionBackend] = self.registry.resolve("attention_backend", chosen)
         return backend
+
+    def check_quantization(self, method: str, needs: QuantizationNeeds) -> None:
+        """Refuse ``method`` on this device from its spec's ``devices`` and
+        ``min_capability``; the error lists the reasons and what to change."""
+        spec = self.registry.get_spec("quantization_method", method)
+        assert isinstance(spec, QuantizationMethodSpec)
+        reasons = quantization_refusals(spec, needs)
+        if reasons:
+            raise PluginError(
+                f"quantization {method!r} cannot run on {needs.device}: {'; '.join(reasons)}. "
+                "Use --device cpu for the reference path, another GPU, or an unquantized "
+                "checkpoint"
+            )
 
     def require_quant_method(self, quant_method: str) -> Any:
         """The ``QuantizationConfig`` subclass for ``quant_method``; loads an installed but
