@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from engine_sdk._markers import hookspec
 from engine_sdk.specs import (
+    SPEC_KINDS,
     AttentionBackendSpec,
     CLICommandSpec,
     ModelArchitectureSpec,
@@ -19,6 +20,18 @@ from engine_sdk.specs import (
     StructuredOutputBackendSpec,
     ToolParserSpec,
 )
+
+__all__ = [
+    "HOOK_NAMES",
+    "register_attention_backends",
+    "register_cli_commands",
+    "register_model_architectures",
+    "register_model_formats",
+    "register_quantization_methods",
+    "register_reasoning_parsers",
+    "register_structured_output_backends",
+    "register_tool_parsers",
+]
 
 
 @hookspec
@@ -97,13 +110,5 @@ def register_cli_commands() -> list[CLICommandSpec]:
     """
 
 
-HOOK_NAMES: tuple[str, ...] = (
-    "register_attention_backends",
-    "register_model_architectures",
-    "register_quantization_methods",
-    "register_tool_parsers",
-    "register_reasoning_parsers",
-    "register_model_formats",
-    "register_structured_output_backends",
-    "register_cli_commands",
-)
+# Every hook, in the order of the kinds table (``engine_sdk.specs.SPEC_KINDS``).
+HOOK_NAMES: tuple[str, ...] = tuple(spec.hook for spec in SPEC_KINDS.values())

@@ -39,6 +39,10 @@ class PluginSpec:
     """
 
     kind: ClassVar[str] = "plugin"
+    #: The hook (``engine_sdk.hookspecs``) that returns specs of this kind.
+    hook: ClassVar[str] = ""
+    #: ``"module:Class"`` every target must subclass; ``None``: any callable.
+    base_class: ClassVar[str | None] = None
     name: str
     target: str
     description: str = ""
@@ -67,6 +71,8 @@ class AttentionBackendSpec(PluginSpec):
     """
 
     kind: ClassVar[str] = "attention_backend"
+    hook: ClassVar[str] = "register_attention_backends"
+    base_class: ClassVar[str | None] = "engine_sdk.interfaces.attention:AttentionBackend"
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
     block_sizes: tuple[int, ...] = (16, 32)
@@ -96,6 +102,8 @@ class ModelArchitectureSpec(PluginSpec):
     """A model architecture; ``architectures`` are the HF ``config.json`` names it serves."""
 
     kind: ClassVar[str] = "model_architecture"
+    hook: ClassVar[str] = "register_model_architectures"
+    base_class: ClassVar[str | None] = "engine_sdk.interfaces.model:ModelArchitecture"
     architectures: tuple[str, ...] = ()
 
     def capabilities(self) -> dict[str, object]:
@@ -112,6 +120,8 @@ class QuantizationMethodSpec(PluginSpec):
     """
 
     kind: ClassVar[str] = "quantization_method"
+    hook: ClassVar[str] = "register_quantization_methods"
+    base_class: ClassVar[str | None] = "engine_sdk.interfaces.quantization:QuantizationConfig"
     devices: tuple[str, ...] = ("cuda",)
     min_capability: int | None = None
     reference_devices: tuple[str, ...] = ("cpu",)
@@ -129,6 +139,8 @@ class ToolParserSpec(PluginSpec):
     """A tool-call parser (``--tool-call-parser NAME``); the target is a ``ToolParser``."""
 
     kind: ClassVar[str] = "tool_parser"
+    hook: ClassVar[str] = "register_tool_parsers"
+    base_class: ClassVar[str | None] = "engine_sdk.interfaces.tool_parser:ToolParser"
 
 
 @dataclass(frozen=True)
@@ -136,6 +148,8 @@ class ReasoningParserSpec(PluginSpec):
     """A reasoning parser (``--reasoning-parser NAME``); the target is a ``ReasoningParser``."""
 
     kind: ClassVar[str] = "reasoning_parser"
+    hook: ClassVar[str] = "register_reasoning_parsers"
+    base_class: ClassVar[str | None] = "engine_sdk.interfaces.reasoning_parser:ReasoningParser"
 
 
 @dataclass(frozen=True)
@@ -147,6 +161,8 @@ class ModelFormatSpec(PluginSpec):
     """
 
     kind: ClassVar[str] = "model_format"
+    hook: ClassVar[str] = "register_model_formats"
+    base_class: ClassVar[str | None] = "engine_sdk.interfaces.model_format:ModelFormat"
     suffixes: tuple[str, ...] = ()
 
     def capabilities(self) -> dict[str, object]:
@@ -158,6 +174,10 @@ class StructuredOutputBackendSpec(PluginSpec):
     """A grammar backend for structured outputs; the target is a ``StructuredOutputBackend``."""
 
     kind: ClassVar[str] = "structured_output_backend"
+    hook: ClassVar[str] = "register_structured_output_backends"
+    base_class: ClassVar[str | None] = (
+        "engine_sdk.interfaces.structured_output:StructuredOutputBackend"
+    )
     priority: int = 0
 
     def capabilities(self) -> dict[str, object]:
@@ -169,9 +189,12 @@ class CLICommandSpec(PluginSpec):
     """An ``engine`` sub-command; the target is a ``typer.Typer`` app or a plain function."""
 
     kind: ClassVar[str] = "cli_command"
+    hook: ClassVar[str] = "register_cli_commands"
+    base_class: ClassVar[str | None] = None
     help: str = field(default="")
 
 
+# The one table of plugin kinds: kind -> spec class (which names its hook and base class).
 SPEC_KINDS: dict[str, type[PluginSpec]] = {
     cls.kind: cls
     for cls in (

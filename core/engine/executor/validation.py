@@ -79,7 +79,7 @@ def check_tensor_parallel(args: EngineArgs, pm: Any, hf_config: Any) -> None:
     from engine.model_executor.loader import find_architecture
 
     model_cls = find_architecture(pm, hf_config, str(args.model))
-    if not getattr(model_cls, "supports_tensor_parallel", False):
+    if not model_cls.supports_tensor_parallel:
         raise StartupError(
             f"{model_cls.__name__} does not support tensor parallelism; "
             "use --tensor-parallel-size 1"

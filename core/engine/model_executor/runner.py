@@ -205,7 +205,7 @@ class ModelRunner:
     def _capture_cuda_graphs(self) -> CudaGraphRunner | None:
         if self.device.type != "cuda" or self.args.enforce_eager:
             return None
-        if not getattr(self.backend_cls, "supports_cuda_graphs", False):
+        if not self.backend_cls.supports_cuda_graphs:
             logger.info(
                 "attention backend %s does not support CUDA graphs; running eagerly",
                 self.backend_cls.name,

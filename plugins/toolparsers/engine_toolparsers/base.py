@@ -10,7 +10,7 @@ concatenated stream equals the non-streaming result for any split of the text.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, ClassVar
+from typing import Any
 
 from engine_sdk.interfaces.messages import (
     DeltaMessage,
@@ -27,11 +27,9 @@ from engine_toolparsers.pieces import Piece, assemble
 class PieceToolParser(ToolParser):
     """A ``ToolParser`` defined by :meth:`split`; one instance per request.
 
-    ``requires_special_tokens``: the markers are special tokens, so the server must
-    detokenize with ``skip_special_tokens=False`` for this parser to see them.
+    ``requires_special_tokens`` (on the SDK's ``ToolParser``): set it when the markers are
+    special tokens, so the server detokenizes with ``skip_special_tokens=False``.
     """
-
-    requires_special_tokens: ClassVar[bool] = False
 
     def __init__(self, tokenizer: Any = None) -> None:
         super().__init__(tokenizer)
