@@ -158,3 +158,24 @@ def test_required_broken_format_fails_when_used(venv: Path, hf_folder: Path) -> 
     assert out.returncode == 1
     last = out.stderr.strip().splitlines()[-1]
     assert "plugin 'broken_format'" in last and "engine_no_such_format_xyz" in last, last
+
+
+def test_workers_receive_the_resolved_set(venv: Path) -> None:
+    code = (
+        "from engine.config import EngineArgs\n"
+        "from engine.executor.multiproc import worker_engine_args\n"
+        "from engine.plugins import PluginManager\n"
+        "pm = PluginManager.load()\n"
+        "args = worker_engine_args(EngineArgs(model='m'), pm)\n"
+        "print(' '.join(args.plugins))\n"
+        "worker = PluginManager.load(requested=args.plugins)\n"
+        "print(' '.join(sorted(p.name for p in worker.plugins if p.status == 'loaded')))\n"
+        "print(' '.join(sorted(p.name for p in pm.plugins if p.status == 'loaded')))\n"
+    )
+    out = run_python(venv, "-c", code)
+    assert out.returncode == 0, out.stderr
+    plugins, in_worker, in_engine = out.stdout.splitlines()
+    for name in ("broken_import", "broken_hook", "future_sdk", "missing_dep"):
+        assert f"no:{name}" in plugins.split()
+    assert "reference" in plugins.split() and "no:reference" not in plugins.split()
+    assert in_worker == in_engine and "broken_format" in in_engine

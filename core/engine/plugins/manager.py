@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pluggy
 from engine_sdk import PROJECT_NAME, hookspecs
@@ -42,6 +42,8 @@ from engine.plugins.versions import sdk_requirement, specifier_contains
 
 if TYPE_CHECKING:
     from engine_sdk.interfaces.attention import AttentionBackend
+    from engine_sdk.interfaces.model import ModelArchitecture
+    from engine_sdk.interfaces.quantization import QuantizationConfig
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +51,8 @@ logger = logging.getLogger(__name__)
 def _sdk_version() -> str:
     import engine_sdk
 
-    return engine_sdk.__version__
+    version: str = engine_sdk.__version__
+    return version
 
 
 def _extra_name(plugin: object) -> str:
@@ -110,6 +113,18 @@ class PluginManager:
         if report_failures:
             pm.report_failures()
         return pm
+
+    def register_local(self, name: str, source: str, specs: Sequence[PluginSpec]) -> PluginInfo:
+        """Register specs from local code the user named on the command line (for example
+        ``--tool-parser-plugin FILE``) as plugin ``name``; duplicates are a ``PluginError``."""
+        info = PluginInfo(
+            name=name, dist=None, version=None, status="loaded", module=source, requested=True
+        )
+        for spec in specs:
+            self.registry.add(spec, info)
+            info.specs.setdefault(spec.kind, []).append(spec)
+        self._plugins.append(info)
+        return info
 
     def report_failures(self) -> None:
         """Log one warning per failed plugin: its name, the cause and what to do."""
@@ -275,7 +290,7 @@ class PluginManager:
     def specs(self, kind: str) -> list[PluginSpec]:
         return self.registry.specs(kind)
 
-    def find_model_architecture(self, arch: str) -> Any:
+    def find_model_architecture(self, arch: str) -> type[ModelArchitecture]:
         """The ``ModelArchitecture`` subclass serving HF architecture name ``arch``."""
         found = self.registry.architecture(arch)
         if found is None:
@@ -286,7 +301,10 @@ class PluginManager:
                 "(`engine plugins list --available`) or check `engine plugins list` for "
                 "failed plugins"
             )
-        return self.registry.resolve("model_architecture", found[0].name)
+        model_cls: type[ModelArchitecture] = self.registry.resolve(
+            "model_architecture", found[0].name
+        )
+        return model_cls
 
     def attention_specs(self) -> list[AttentionBackendSpec]:
         specs = self.registry.specs("attention_backend")
@@ -342,12 +360,12 @@ class PluginManager:
                 "checkpoint"
             )
 
-    def require_quant_method(self, quant_method: str) -> Any:
+    def require_quant_method(self, quant_method: str) -> type[QuantizationConfig]:
         """The ``QuantizationConfig`` subclass for ``quant_method``; loads an installed but
         not-yet-loaded provider (a checkpoint pulls in its method's plugin)."""
         kind = "quantization_method"
         if quant_method in self.registry.names(kind):
-            return self.registry.resolve(kind, quant_method)
+            return self._resolve_quant(quant_method)
         providers = self.catalogue.providers_of(kind, quant_method)
         for entry in providers:
             info = self.get_plugin(entry.name)
@@ -356,7 +374,7 @@ class PluginManager:
             if info.status == "not_loaded":
                 info.requested = True
                 self._import_and_activate(info, self._candidates[info.name])
-                return self.registry.resolve(kind, quant_method)
+                return self._resolve_quant(quant_method)
             if info.status == "blocked":
                 raise PluginError(
                     f"quantization method {quant_method!r} needs plugin {info.name!r}, which "
@@ -373,7 +391,7 @@ class PluginManager:
             if info.status == "not_loaded" and info.name in self._candidates:
                 self._import_and_activate(info, self._candidates[info.name])
         if quant_method in self.registry.names(kind):
-            return self.registry.resolve(kind, quant_method)
+            return self._resolve_quant(quant_method)
         known = ", ".join(self.registry.names(kind)) or "none"
         if providers:
             hint = "; ".join(f"plugin {e.name!r}: {e.install_hint()}" for e in providers)
@@ -387,6 +405,12 @@ class PluginManager:
             f"quantization method {quant_method!r} is not provided by any loaded plugin "
             f"(loaded methods: {known}); {todo}"
         )
+
+    def _resolve_quant(self, quant_method: str) -> type[QuantizationConfig]:
+        config_cls: type[QuantizationConfig] = self.registry.resolve(
+            "quantization_method", quant_method
+        )
+        return config_cls
 
     def kinds(self) -> list[str]:
         return list(SPEC_KINDS)
