@@ -4,6 +4,10 @@
 Each hook is called once when the engine loads plugins and returns a list of spec records
 (see ``engine_sdk.specs``). Hooks must be cheap and must not import torch: they describe
 what the plugin provides; the engine imports a spec's target only when it uses it.
+
+Every docstring follows one template: a summary line, then ``When called:``, ``Returns:``,
+``Conflicts:`` and ``Since:`` (tests/foundation/test_hooks_doc.py checks it). A deprecated
+hook adds ``warn_on_impl=deprecated_hook_warning(...)`` (``engine_sdk.deprecation``).
 """
 
 from __future__ import annotations
@@ -38,9 +42,14 @@ __all__ = [
 def register_attention_backends() -> list[AttentionBackendSpec]:
     """Return the attention backends this plugin provides.
 
-    Each target is an ``engine_sdk.interfaces.attention.AttentionBackend`` subclass. The
-    engine picks the highest ``priority`` backend whose ``devices``, ``dtypes`` and
-    ``block_sizes`` fit the run, unless the user names one with ``--attention-backend``.
+    When called: once per plugin when the engine loads plugins, before any model loads.
+    Returns: a list of ``AttentionBackendSpec``; each target is an
+    ``engine_sdk.interfaces.attention.AttentionBackend`` subclass. The core checks every
+    declared capability (devices, ``min_capability``, dtypes, KV-cache dtypes, block sizes,
+    head sizes, sliding window, soft-cap) and picks the highest ``priority`` backend that
+    fits, unless the user names one with ``--attention-backend``.
+    Conflicts: a backend name registered by two plugins is an error naming both.
+    Since: engine-sdk 0.1.0 (capability fields beyond devices/dtypes/block sizes: 0.1.1).
     """
 
 
@@ -48,9 +57,14 @@ def register_attention_backends() -> list[AttentionBackendSpec]:
 def register_model_architectures() -> list[ModelArchitectureSpec]:
     """Return the model architectures this plugin provides.
 
-    Each target is an ``engine_sdk.interfaces.model.ModelArchitecture`` subclass; the
-    spec's ``architectures`` lists the ``config.json`` ``architectures`` names it serves.
-    Two plugins serving the same architecture name is an error.
+    When called: once per plugin when the engine loads plugins.
+    Returns: a list of ``ModelArchitectureSpec``; each target is an
+    ``engine_sdk.interfaces.model.ModelArchitecture`` subclass, and the spec's
+    ``architectures`` lists the ``config.json`` ``architectures`` names it serves (the one
+    place they are declared).
+    Conflicts: a spec name, or an HF architecture name, registered by two plugins is an
+    error naming both.
+    Since: engine-sdk 0.1.0.
     """
 
 
@@ -58,8 +72,14 @@ def register_model_architectures() -> list[ModelArchitectureSpec]:
 def register_quantization_methods() -> list[QuantizationMethodSpec]:
     """Return the quantization methods this plugin provides.
 
-    Each target is an ``engine_sdk.interfaces.quantization.QuantizationConfig`` subclass,
-    selected by a checkpoint's ``quant_method`` or by ``--quantization NAME``.
+    When called: once per plugin when the engine loads plugins; a checkpoint whose
+    ``quant_method`` names a not-yet-loaded provider loads that plugin on demand.
+    Returns: a list of ``QuantizationMethodSpec``; each target is an
+    ``engine_sdk.interfaces.quantization.QuantizationConfig`` subclass, selected by a
+    checkpoint's ``quant_method`` or by ``--quantization NAME``. The core refuses a device
+    outside ``devices``/``reference_devices`` or below ``min_capability``.
+    Conflicts: a method name registered by two plugins is an error naming both.
+    Since: engine-sdk 0.1.0.
     """
 
 
@@ -67,8 +87,13 @@ def register_quantization_methods() -> list[QuantizationMethodSpec]:
 def register_tool_parsers() -> list[ToolParserSpec]:
     """Return the tool-call parsers this plugin provides.
 
-    Each target is an ``engine_sdk.interfaces.tool_parser.ToolParser`` subclass, selected
-    with ``--tool-call-parser NAME``.
+    When called: once per plugin when the engine loads plugins.
+    Returns: a list of ``ToolParserSpec``; each target is an
+    ``engine_sdk.interfaces.tool_parser.ToolParser`` subclass, selected with
+    ``--tool-call-parser NAME``.
+    Conflicts: a parser name registered twice (by two plugins, or by a plugin and a
+    ``--tool-parser-plugin`` file) is an error naming both.
+    Since: engine-sdk 0.1.0.
     """
 
 
@@ -76,8 +101,12 @@ def register_tool_parsers() -> list[ToolParserSpec]:
 def register_reasoning_parsers() -> list[ReasoningParserSpec]:
     """Return the reasoning parsers this plugin provides.
 
-    Each target is an ``engine_sdk.interfaces.reasoning_parser.ReasoningParser``
-    subclass, selected with ``--reasoning-parser NAME``.
+    When called: once per plugin when the engine loads plugins.
+    Returns: a list of ``ReasoningParserSpec``; each target is an
+    ``engine_sdk.interfaces.reasoning_parser.ReasoningParser`` subclass, selected with
+    ``--reasoning-parser NAME``.
+    Conflicts: a parser name registered by two plugins is an error naming both.
+    Since: engine-sdk 0.1.0.
     """
 
 
@@ -85,9 +114,15 @@ def register_reasoning_parsers() -> list[ReasoningParserSpec]:
 def register_model_formats() -> list[ModelFormatSpec]:
     """Return the checkpoint formats this plugin can load (for example GGUF).
 
-    Each target is an ``engine_sdk.interfaces.model_format.ModelFormat`` subclass. The
-    engine asks each format whether it claims a ``--model`` path before falling back to
-    the Hugging Face folder layout.
+    When called: once per plugin when the engine loads plugins.
+    Returns: a list of ``ModelFormatSpec``; each target is an
+    ``engine_sdk.interfaces.model_format.ModelFormat`` subclass. Before falling back to
+    the Hugging Face folder layout the engine asks each format whose ``suffixes`` match the
+    ``--model`` path (a file with one, or a folder holding one; no suffixes: every path)
+    whether it claims it.
+    Conflicts: a format name registered by two plugins is an error naming both; the first
+    format that claims a path reads it.
+    Since: engine-sdk 0.1.0.
     """
 
 
@@ -95,9 +130,13 @@ def register_model_formats() -> list[ModelFormatSpec]:
 def register_structured_output_backends() -> list[StructuredOutputBackendSpec]:
     """Return the grammar backends for structured outputs this plugin provides.
 
-    Each target is an ``engine_sdk.interfaces.structured_output.StructuredOutputBackend``
-    subclass, selected with ``--structured-outputs-config.backend NAME`` (``auto`` picks
-    the highest ``priority``).
+    When called: once per plugin when the engine loads plugins.
+    Returns: a list of ``StructuredOutputBackendSpec``; each target is an
+    ``engine_sdk.interfaces.structured_output.StructuredOutputBackend`` subclass, selected
+    with ``--structured-outputs-config.backend NAME`` (``auto`` picks the highest
+    ``priority``).
+    Conflicts: a backend name registered by two plugins is an error naming both.
+    Since: engine-sdk 0.1.0.
     """
 
 
@@ -105,8 +144,12 @@ def register_structured_output_backends() -> list[StructuredOutputBackendSpec]:
 def register_cli_commands() -> list[CLICommandSpec]:
     """Return extra ``engine`` sub-commands.
 
-    Each target is a ``typer.Typer`` app (mounted as a command group) or a function
-    (mounted as one command) named ``engine <name>``.
+    When called: once per plugin each time the ``engine`` CLI starts.
+    Returns: a list of ``CLICommandSpec``; each target is a ``typer.Typer`` app (mounted as
+    a command group) or a function (mounted as one command) named ``engine <name>``.
+    Conflicts: a command name registered by two plugins is an error naming both; a
+    built-in command's name is never replaced.
+    Since: engine-sdk 0.1.0.
     """
 
 
