@@ -19,7 +19,7 @@ import textwrap
 import zipfile
 from pathlib import Path
 
-__all__ = ["build_plugin_wheel", "fresh_venv", "pip_install", "run_python"]
+__all__ = ["build_plugin_wheel", "build_wheels", "fresh_venv", "pip_install", "run_python"]
 
 
 def _record_line(name: str, data: bytes) -> str:
@@ -59,6 +59,31 @@ def build_plugin_wheel(
         for path, data in files.items():
             zf.writestr(path, data)
     return wheel
+
+
+_BUILD = """
+import os, sys
+import setuptools.build_meta as backend
+out = sys.argv[1]
+for folder in sys.argv[2:]:
+    os.chdir(folder)
+    backend.build_wheel(out)
+"""
+
+
+def build_wheels(folders: list[Path], out: Path) -> list[Path]:
+    """Build each project folder's wheel with its PEP 517 backend (setuptools), in one
+    process: what ``pip wheel`` does, without its per-project start-up cost."""
+    out.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _BUILD, str(out.resolve()), *(str(f.resolve()) for f in folders)],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return sorted(out.glob("*.whl"))
 
 
 def _clean_env() -> dict[str, str]:

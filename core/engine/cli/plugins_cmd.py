@@ -250,3 +250,29 @@ def list_plugins(
         sys.stdout.write("\n")
     else:
         _print_installed(rows)
+
+
+@plugins_app.command("new")
+def new_plugin(
+    name: Annotated[str, typer.Argument(help="Plugin name: lower-case, digits and '_'.")],
+    kind: Annotated[str, typer.Option("--kind", help="What the plugin provides.")],
+    directory: Annotated[
+        str, typer.Option("--dir", help="Folder to write engine-NAME/ into.")
+    ] = ".",
+) -> None:
+    """Write a new plugin package (with tests) from the template."""
+    from pathlib import Path
+
+    from engine.plugins import PluginError
+    from engine.plugins.scaffold import write_plugin
+
+    try:
+        folder = write_plugin(name, kind, Path(directory))
+    except PluginError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {folder}")
+    typer.echo(
+        f"next: cd {folder} && pip install -e . && pytest tests && engine plugins list; "
+        "docs/plugins/writing.md explains each file"
+    )
