@@ -12,7 +12,7 @@ import gc
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineArgs
 from engine.core.engine_core import EngineCore
@@ -29,6 +29,9 @@ from engine.outputs_processing import EngineCounters, IterationStats, OutputProc
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
 from engine.tokenization import apply_chat_template, collect_eos_token_ids
 from engine.tokenization.input_processor import InputProcessor, PreparedRequest, PromptType
+
+if TYPE_CHECKING:
+    from engine.plugins import PluginManager
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ class LLMEngine:
 
         if not args.model:
             raise ValueError("no model given: pass --model PATH (LLM(model=PATH))")
-        pm = PluginManager.load(requested=args.plugins)
+        pm = PluginManager.load(requested=args.plugins, report_failures=True)
         logger.info("Plugins %s", pm.describe())
         source = open_model_source(args, pm)
         runner = _make_runner(args, pm, source)
@@ -119,7 +122,7 @@ class LLMEngine:
 
     @classmethod
     def _assemble(
-        cls, args: EngineArgs, pm: Any, source: Any, core: EngineCore | None,
+        cls, args: EngineArgs, pm: PluginManager, source: Any, core: EngineCore | None,
         max_model_len: int, vocab_size: int,
     ) -> LLMEngine:  # fmt: skip
         """The engine around ``core`` (None: a front end): tokenizer, generation-config
@@ -150,7 +153,7 @@ class LLMEngine:
         engine._setup_features(args, pm)
         return engine
 
-    def _setup_features(self, args: EngineArgs, pm: Any) -> None:
+    def _setup_features(self, args: EngineArgs, pm: PluginManager) -> None:
         """Structured outputs (one manager, shared with an in-process runner) and the
         reasoning parser; an unknown backend or parser name fails startup."""
         from engine.structured_output.setup import (
@@ -370,7 +373,7 @@ def _async_runner(args: EngineArgs, runner: Any) -> Any:
     return runner
 
 
-def _make_runner(args: EngineArgs, pm: Any, source: Any) -> Any:
+def _make_runner(args: EngineArgs, pm: PluginManager, source: Any) -> Any:
     """The ``ModelRunner`` itself, or worker processes for ``--tensor-parallel-size`` > 1."""
     from engine.executor import build_executor
 

@@ -1,8 +1,9 @@
 """What each plugin kind is: its hook, its spec type and the base class its targets subclass.
 
-The core's registry and the SDK's conformance suite both check plugins against this one
-table. Base classes are lazy ``"module:Class"`` strings so reading the table never imports
-torch; :func:`load_base_class` imports one when a target is actually resolved.
+The one table is ``engine_sdk.specs.SPEC_KINDS``: each spec class names its ``kind``,
+``hook`` and ``base_class``. The core's registry and the SDK's conformance suite both check
+plugins against it. Base classes are lazy ``"module:Class"`` strings so reading the table
+never imports torch; :func:`load_base_class` imports one when a target is actually resolved.
 """
 
 from __future__ import annotations
@@ -21,32 +22,15 @@ __all__ = [
     "validate_hook_result",
 ]
 
+# Derived from SPEC_KINDS, where each spec class declares its hook and base class.
 # kind -> the hook (in engine_sdk.hookspecs) that returns that kind's specs.
-KIND_HOOKS: dict[str, str] = {
-    "attention_backend": "register_attention_backends",
-    "model_architecture": "register_model_architectures",
-    "quantization_method": "register_quantization_methods",
-    "tool_parser": "register_tool_parsers",
-    "reasoning_parser": "register_reasoning_parsers",
-    "model_format": "register_model_formats",
-    "structured_output_backend": "register_structured_output_backends",
-    "cli_command": "register_cli_commands",
-}
+KIND_HOOKS: dict[str, str] = {kind: spec.hook for kind, spec in SPEC_KINDS.items()}
 
 # kind -> the base class a spec's target must subclass. ``None``: cli_command targets are a
 # ``typer.Typer`` app or a plain function, so they are only checked to be callable.
 KIND_BASE_CLASSES: dict[str, str | None] = {
-    "attention_backend": "engine_sdk.interfaces.attention:AttentionBackend",
-    "model_architecture": "engine_sdk.interfaces.model:ModelArchitecture",
-    "quantization_method": "engine_sdk.interfaces.quantization:QuantizationConfig",
-    "tool_parser": "engine_sdk.interfaces.tool_parser:ToolParser",
-    "reasoning_parser": "engine_sdk.interfaces.reasoning_parser:ReasoningParser",
-    "model_format": "engine_sdk.interfaces.model_format:ModelFormat",
-    "structured_output_backend": "engine_sdk.interfaces.structured_output:StructuredOutputBackend",
-    "cli_command": None,
+    kind: spec.base_class for kind, spec in SPEC_KINDS.items()
 }
-
-assert set(KIND_HOOKS) == set(SPEC_KINDS) == set(KIND_BASE_CLASSES)
 
 
 def _check_kind(kind: str) -> None:

@@ -39,6 +39,10 @@ class PluginSpec:
     """
 
     kind: ClassVar[str] = "plugin"
+    #: The hook (``engine_sdk.hookspecs``) that returns specs of this kind.
+    hook: ClassVar[str] = ""
+    #: ``"module:Class"`` every target must subclass; ``None``: any callable.
+    base_class: ClassVar[str | None] = None
     name: str
     target: str
     description: str = ""
@@ -55,21 +59,40 @@ class PluginSpec:
 
 @dataclass(frozen=True)
 class AttentionBackendSpec(PluginSpec):
-    """An attention backend. ``priority`` orders automatic selection (higher wins)."""
+    """An attention backend and what it can run; the core checks every field, in one place.
+
+    ``devices``: torch device types (``cpu``, ``cuda``). ``min_capability``: the lowest
+    CUDA compute capability times ten (``80`` = Ampere), ``None`` for any. ``dtypes``: model
+    dtypes. ``kv_cache_dtypes``: ``--kv-cache-dtype`` values it stores (``auto`` = the model
+    dtype). ``block_sizes``: KV-cache block sizes. ``head_sizes``: supported head
+    dimensions, empty for any. ``supports_sliding_window``: layers with a sliding window.
+    ``supports_logits_soft_cap``: attention-logit soft-capping (Gemma 2 style).
+    ``priority`` orders automatic selection among fitting backends (higher wins).
+    """
 
     kind: ClassVar[str] = "attention_backend"
+    hook: ClassVar[str] = "register_attention_backends"
+    base_class: ClassVar[str | None] = "engine_sdk.interfaces.attention:AttentionBackend"
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[str, ...] = ("float32", "float16", "bfloat16")
     block_sizes: tuple[int, ...] = (16, 32)
     kv_cache_dtypes: tuple[str, ...] = ("auto",)
     priority: int = 0
+    min_capability: int | None = None
+    head_sizes: tuple[int, ...] = ()
+    supports_sliding_window: bool = True
+    supports_logits_soft_cap: bool = False
 
     def capabilities(self) -> dict[str, object]:
         return {
             "devices": list(self.devices),
+            "min_capability": self.min_capability,
             "dtypes": list(self.dtypes),
             "block_sizes": list(self.block_sizes),
             "kv_cache_dtypes": list(self.kv_cache_dtypes),
+            "head_sizes": list(self.head_sizes) or "any",
+            "supports_sliding_window": self.supports_sliding_window,
+            "supports_logits_soft_cap": self.supports_logits_soft_cap,
             "priority": self.priority,
         }
 
@@ -79,6 +102,8 @@ class ModelArchitectureSpec(PluginSpec):
     """A model architecture; ``architectures`` are the HF ``config.json`` names it serves."""
 
     kind: ClassVar[str] = "model_architecture"
+    hook: ClassVar[str] = "register_model_architectures"
+    base_class: ClassVar[str | None] = "engine_sdk.interfaces.model:ModelArchitecture"
     architectures: tuple[str, ...] = ()
 
     def capabilities(self) -> dict[str, object]:
@@ -95,6 +120,8 @@ class QuantizationMethodSpec(PluginSpec):
     """
 
     kind: ClassVar[str] = "quantization_method"
+    hook: ClassVar[str] = "register_quantization_methods"
+    base_class: ClassVar[str | None] = "engine_sdk.interfaces.quantization:QuantizationConfig"
     devices: tuple[str, ...] = ("cuda",)
     min_capability: int | None = None
     reference_devices: tuple[str, ...] = ("cpu",)
@@ -112,6 +139,8 @@ class ToolParserSpec(PluginSpec):
     """A tool-call parser (``--tool-call-parser NAME``); the target is a ``ToolParser``."""
 
     kind: ClassVar[str] = "tool_parser"
+    hook: ClassVar[str] = "register_tool_parsers"
+    base_class: ClassVar[str | None] = "engine_sdk.interfaces.tool_parser:ToolParser"
 
 
 @dataclass(frozen=True)
@@ -119,6 +148,8 @@ class ReasoningParserSpec(PluginSpec):
     """A reasoning parser (``--reasoning-parser NAME``); the target is a ``ReasoningParser``."""
 
     kind: ClassVar[str] = "reasoning_parser"
+    hook: ClassVar[str] = "register_reasoning_parsers"
+    base_class: ClassVar[str | None] = "engine_sdk.interfaces.reasoning_parser:ReasoningParser"
 
 
 @dataclass(frozen=True)
@@ -130,6 +161,8 @@ class ModelFormatSpec(PluginSpec):
     """
 
     kind: ClassVar[str] = "model_format"
+    hook: ClassVar[str] = "register_model_formats"
+    base_class: ClassVar[str | None] = "engine_sdk.interfaces.model_format:ModelFormat"
     suffixes: tuple[str, ...] = ()
 
     def capabilities(self) -> dict[str, object]:
@@ -141,6 +174,10 @@ class StructuredOutputBackendSpec(PluginSpec):
     """A grammar backend for structured outputs; the target is a ``StructuredOutputBackend``."""
 
     kind: ClassVar[str] = "structured_output_backend"
+    hook: ClassVar[str] = "register_structured_output_backends"
+    base_class: ClassVar[str | None] = (
+        "engine_sdk.interfaces.structured_output:StructuredOutputBackend"
+    )
     priority: int = 0
 
     def capabilities(self) -> dict[str, object]:
@@ -152,9 +189,12 @@ class CLICommandSpec(PluginSpec):
     """An ``engine`` sub-command; the target is a ``typer.Typer`` app or a plain function."""
 
     kind: ClassVar[str] = "cli_command"
+    hook: ClassVar[str] = "register_cli_commands"
+    base_class: ClassVar[str | None] = None
     help: str = field(default="")
 
 
+# The one table of plugin kinds: kind -> spec class (which names its hook and base class).
 SPEC_KINDS: dict[str, type[PluginSpec]] = {
     cls.kind: cls
     for cls in (

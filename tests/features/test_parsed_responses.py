@@ -14,6 +14,7 @@ from engine.entrypoints.openai.api_server import build_app
 from engine.entrypoints.openai.chat_features import ChatFeatures, load_tool_parser_plugin
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.serving_base import ServingContext
+from engine.errors import StartupError
 from engine.plugins import PluginManager
 from engine.server_config import ServerArgs
 from fastapi.testclient import TestClient
@@ -263,13 +264,27 @@ def test_completions_refuse_guided_fields(tokenizer: Any, pm: Any) -> None:
 def test_tool_parser_plugin_file(tmp_path: Path, tokenizer: Any, pm: Any) -> None:
     plugin = tmp_path / "my_parsers.py"
     plugin.write_text(PLUGIN_SOURCE)
-    parsers = load_tool_parser_plugin(str(plugin))
-    assert sorted(parsers) == ["call_line", "call_line_hook"]
-    parser = parsers["call_line"]()
+    names = load_tool_parser_plugin(str(plugin), pm)
+    assert sorted(names) == ["call_line", "call_line_hook"]
+    assert pm.get_plugin("tool-parser-plugin:my_parsers.py").provides() == {
+        "tool_parser": ["call_line", "call_line_hook"]
+    }
+    assert pm.registry.resolve("tool_parser", "call_line_hook").__name__ == "_Hooked"
+    parser = pm.registry.resolve("tool_parser", "call_line")()
     result = parser.extract_tool_calls('CALL get_weather {"city": "Rome"}')
     assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == [
         ("get_weather", {"city": "Rome"})
     ]
+
+
+def test_tool_parser_plugin_file_cannot_shadow_an_installed_parser(tmp_path: Path, pm: Any) -> None:
+    plugin = tmp_path / "shadow.py"
+    plugin.write_text(PLUGIN_SOURCE.replace('name = "call_line"', 'name = "hermes"'))
+    with pytest.raises(StartupError) as info:
+        load_tool_parser_plugin(str(plugin), pm)
+    message = str(info.value)
+    assert "tool_parser 'hermes' is provided twice" in message
+    assert "engine-toolparsers" in message and "tool-parser-plugin:shadow.py" in message
 
 
 PLUGIN_SOURCE = '''

@@ -50,3 +50,12 @@ def test_hooks_md_is_generated_from_code() -> None:
     assert DOC.read_text() == _generator().render(), (
         "docs/plugins/hooks.md is out of date: run python scripts/gen_hooks_doc.py"
     )
+
+
+def test_every_hookspec_docstring_follows_the_template() -> None:
+    sections = ("When called:", "Returns:", "Conflicts:", "Since: engine-sdk ")
+    for name in hookspecs.HOOK_NAMES:
+        doc = inspect.cleandoc(getattr(hookspecs, name).__doc__ or "")
+        positions = [doc.find(f"\n{section}") for section in sections]
+        assert all(p > 0 for p in positions), f"{name}: missing one of {sections}"
+        assert positions == sorted(positions), f"{name}: sections out of order"

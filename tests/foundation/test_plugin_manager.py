@@ -11,6 +11,7 @@ from types import ModuleType
 import pytest
 from engine.plugins import Catalogue, CatalogueEntry, PluginError, PluginManager
 from engine.plugins.activation import parse_activation
+from engine.plugins.capabilities import AttentionNeeds
 from engine_sdk import (
     AttentionBackendSpec,
     ModelArchitectureSpec,
@@ -206,14 +207,19 @@ def test_select_attention_backend(targets: str) -> None:
         ],
     )
     pm = load(p)
-    assert pm.select_attention_backend("cuda:0", "torch.float16", 16).__name__ == "FastBackend"
-    assert pm.select_attention_backend("cuda", "float32", 16).__name__ == "CpuBackend"
-    assert pm.select_attention_backend("cpu", "bfloat16", 32).__name__ == "CpuBackend"
-    assert pm.select_attention_backend("cuda", "float16", 16, "cpu_ref").__name__ == "CpuBackend"
-    with pytest.raises(PluginError, match="'fast' cannot run device=cpu.*not in \\['cuda'\\]"):
-        pm.select_attention_backend("cpu", "float16", 16, "fast")
-    with pytest.raises(PluginError, match="no attention backend fits.*cpu_ref: block size 7"):
-        pm.select_attention_backend("cpu", "float32", 7)
+
+    def pick(device: str, dtype: str, block_size: int, name: str | None = None) -> str:
+        needs = AttentionNeeds(device, dtype, block_size)
+        return pm.select_attention_backend(needs, name).__name__
+
+    assert pick("cuda:0", "torch.float16", 16) == "FastBackend"
+    assert pick("cuda", "float32", 16) == "CpuBackend"
+    assert pick("cpu", "bfloat16", 32) == "CpuBackend"
+    assert pick("cuda", "float16", 16, "cpu_ref") == "CpuBackend"
+    with pytest.raises(PluginError, match="(?s)'fast' cannot run device=cpu.*not in \\['cuda'\\]"):
+        pick("cpu", "float16", 16, "fast")
+    with pytest.raises(PluginError, match="(?s)no attention backend fits.*cpu_ref: block size 7"):
+        pick("cpu", "float32", 7)
 
 
 def test_require_quant_method_hint() -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import engine
 import engine_sdk
+import pytest
 import tomllib
 
 if TYPE_CHECKING:
@@ -167,3 +168,54 @@ def test_mounts_cli_command_from_plugin(fake_dist, run_engine: RunEngine) -> Non
     assert out.stdout.strip() == "hello plugin"
     helptext = run_engine("--help", pythonpath=site)
     assert "hello" in helptext.stdout and "plugins" in helptext.stdout
+
+
+def test_available_says_whether_registry_toml_was_found(
+    run_engine: RunEngine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    registry = tmp_path / "registry.toml"
+    registry.write_text(
+        '[plugins.reference]\ndistribution = "engine-reference"\n'
+        'entry_point = "engine_reference.plugin"\nstatus = "stable"\n'
+    )
+    out = run_engine("plugins", "list", "--available", env={"ENGINE_REGISTRY": str(registry)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"every plugin in {registry} is installed"
+    from engine.cli.plugins_cmd import _print_available
+    from engine.plugins import Catalogue
+
+    _print_available([], Catalogue([]))
+    assert capsys.readouterr().out.startswith("no registry.toml found: set ENGINE_REGISTRY")
+
+
+def test_collect_env_says_when_no_variable_is_set(capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.cli.collect_env import _print_text, collect_env
+
+    data = collect_env(env={"PATH": "/usr/bin"})
+    assert data["environment"] == {}
+    _print_text(data)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("environment: none of ENGINE_*, CUDA_*")
+    assert "environment:" not in lines[:-1]
+
+
+def test_explain_lists_every_reason(run_engine: RunEngine) -> None:
+    out = run_engine(
+        "plugins", "list", "--explain", "--device", "cuda", "--capability", "7.0",
+        "--kv-cache-dtype", "fp8_e5m2", "--block-size", "8",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == (
+        "for device=cuda (capability 7.0), dtype=bfloat16, block_size=8, kv_cache_dtype=fp8_e5m2:"
+    )
+    triton = lines.index("  triton: refused")
+    assert lines[triton + 1 : triton + 3] == [
+        "    - kv_cache_dtype 'fp8_e5m2' not in ['auto', 'fp8', 'fp8_e4m3']",
+        "    - block size 8 not in [16, 32, 64]",
+    ]
+    assert "  reference: fits" in lines
+    awq = lines.index("  awq: refused")
+    assert "needs compute capability >= 7.5, this GPU is 7.0" in lines[awq + 1]
+    report = json.loads(run_engine("plugins", "list", "--explain", "--json").stdout)
+    assert report["attention_backend"]["reference"] == {"fits": True, "reasons": []}

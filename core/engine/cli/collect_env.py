@@ -131,6 +131,10 @@ def _print_text(data: dict[str, Any]) -> None:
         for p in data["plugins"]:
             error = f" ({p['error']})" if p["error"] else ""
             typer.echo(f"  {p['name']} [{p['distribution']} {p['version']}]: {p['status']}{error}")
+    if not data["environment"]:
+        prefixes = ", ".join(f"{prefix}*" for prefix in ENV_PREFIXES)
+        typer.echo(f"environment: none of {prefixes} is set")
+        return
     typer.echo("environment:")
     for name, value in data["environment"].items():
         typer.echo(f"  {name}={value}")

@@ -139,9 +139,15 @@ def _print_installed(rows: list[dict[str, Any]]) -> None:
             typer.echo(f"\n{row['name']} failed: {row['error']}")
 
 
-def _print_available(entries: list[CatalogueEntry]) -> None:
+def _print_available(entries: list[CatalogueEntry], catalogue: Catalogue) -> None:
+    if catalogue.source is None:
+        typer.echo(
+            "no registry.toml found: set ENGINE_REGISTRY=PATH to a catalogue, or run from a "
+            "source checkout of engine"
+        )
+        return
     if not entries:
-        typer.echo("every plugin in registry.toml is installed (or registry.toml is not found)")
+        typer.echo(f"every plugin in {catalogue.source} is installed")
         return
     headers = ["NAME", "DISTRIBUTION", "STATUS", "PROVIDES", "HARDWARE", "INSTALL"]
     table = [
@@ -171,6 +177,31 @@ def list_plugins(
         list[str] | None,
         typer.Option("--plugin", help="Require (NAME) or block (no:NAME) a plugin; repeatable."),
     ] = None,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain",
+            help="Which attention backends and quantization methods fit this run, and every "
+            "reason the others refuse (imports torch to find the GPU).",
+        ),
+    ] = False,
+    device: Annotated[str, typer.Option("--device", help="With --explain: cpu, cuda or auto.")] = (
+        "auto"
+    ),
+    dtype: Annotated[str, typer.Option("--dtype", help="With --explain: the model dtype.")] = (
+        "bfloat16"
+    ),
+    block_size: Annotated[int, typer.Option("--block-size", help="With --explain.")] = 16,
+    kv_cache_dtype: Annotated[str, typer.Option("--kv-cache-dtype", help="With --explain.")] = (
+        "auto"
+    ),
+    head_size: Annotated[
+        int | None, typer.Option("--head-size", help="With --explain: the model's head size.")
+    ] = None,
+    capability: Annotated[
+        float | None,
+        typer.Option("--capability", help="With --explain: a GPU's compute capability (8.0)."),
+    ] = None,
 ) -> None:
     """List plugins: name, distribution, what they provide, SDK compatibility, status."""
     import engine_sdk
@@ -187,12 +218,26 @@ def list_plugins(
     except PluginError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    if explain:
+        from engine.cli.plugins_explain import detect_device, print_explain
+        from engine.cli.plugins_explain import explain as explain_run
+        from engine.plugins.capabilities import AttentionNeeds, QuantizationNeeds
+
+        found, detected = detect_device(device)
+        cap = round(capability * 10) if capability is not None else detected
+        needs = AttentionNeeds(found, dtype, block_size, kv_cache_dtype, cap, head_size)
+        report = explain_run(pm, needs, QuantizationNeeds(found, cap))
+        if as_json:
+            typer.echo(json.dumps(report, indent=2))
+        else:
+            print_explain(report)
+        return
     if available:
         entries = _available_entries(pm, kind)
         if as_json:
             typer.echo(json.dumps({"available": [e.as_dict() for e in entries]}, indent=2))
         else:
-            _print_available(entries)
+            _print_available(entries, pm.catalogue)
         return
     rows = _installed_rows(pm, kind)
     if as_json:
@@ -205,3 +250,29 @@ def list_plugins(
         sys.stdout.write("\n")
     else:
         _print_installed(rows)
+
+
+@plugins_app.command("new")
+def new_plugin(
+    name: Annotated[str, typer.Argument(help="Plugin name: lower-case, digits and '_'.")],
+    kind: Annotated[str, typer.Option("--kind", help="What the plugin provides.")],
+    directory: Annotated[
+        str, typer.Option("--dir", help="Folder to write engine-NAME/ into.")
+    ] = ".",
+) -> None:
+    """Write a new plugin package (with tests) from the template."""
+    from pathlib import Path
+
+    from engine.plugins import PluginError
+    from engine.plugins.scaffold import write_plugin
+
+    try:
+        folder = write_plugin(name, kind, Path(directory))
+    except PluginError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {folder}")
+    typer.echo(
+        f"next: cd {folder} && pip install -e . && pytest tests && engine plugins list; "
+        "docs/plugins/writing.md explains each file"
+    )

@@ -8,10 +8,13 @@ rank otherwise. Both have ``execute(SchedulerOutput) -> ModelRunnerOutput`` and 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.config import EngineArgs
 from engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+
+if TYPE_CHECKING:
+    from engine.plugins import PluginManager
 
 __all__ = ["Executor", "build_executor"]
 
@@ -27,7 +30,7 @@ class Executor(Protocol):
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
 
 
-def build_executor(args: EngineArgs, pm: Any, source: Any) -> Executor:
+def build_executor(args: EngineArgs, pm: PluginManager, source: Any) -> Executor:
     """The runner of ``args``: in-process for one rank, worker processes for more."""
     from engine.executor.validation import check_tensor_parallel
 

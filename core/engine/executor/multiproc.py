@@ -29,9 +29,9 @@ import signal
 import socket
 import time
 import weakref
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineArgs
 from engine.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
@@ -40,6 +40,9 @@ from engine.executor import multinode
 from engine.executor.step_codec import StepEncoder, dumps, loads, runner_output_from_dict
 from engine.executor.validation import MAIN_GUARD_HINT, check_tensor_parallel
 from engine.executor.worker_main import run_worker
+
+if TYPE_CHECKING:
+    from engine.plugins import PluginManager
 
 logger = logging.getLogger(__name__)
 
@@ -104,19 +107,25 @@ def _stop_workers(workers: list[_WorkerHandle], graceful: bool) -> None:
         w.conn.close()
 
 
+def worker_engine_args(args: EngineArgs, pm: PluginManager) -> EngineArgs:
+    """The workers' args: ``plugins`` is the engine's resolved set (each loaded plugin
+    required, every other one blocked), so no rank re-decides which plugins to load."""
+    return replace(args, plugins=pm.worker_args())
+
+
 class MultiprocExecutor:
     """Runs ``args.tensor_parallel_size`` ranks in worker processes; a drop-in runner for
     ``EngineCore`` (``execute``, ``num_blocks``, ``block_size``, ``max_model_len``,
     ``vocab_size``)."""
 
-    def __init__(self, args: EngineArgs, pm: Any, source: Any) -> None:
+    def __init__(self, args: EngineArgs, pm: PluginManager, source: Any) -> None:
         check_tensor_parallel(args, pm, source.hf_config)
         self.tensor_parallel_size = args.tensor_parallel_size
         self._encoder = StepEncoder()
         self._failure: EngineError | None = None
         self._errors: dict[int, dict[str, Any]] = {}
         start = time.monotonic()
-        self._workers = self._start_workers(args)
+        self._workers = self._start_workers(worker_engine_args(args, pm))
         self._finalizer = weakref.finalize(self, _stop_workers, self._workers, True)
         try:
             infos = self._wait_replies("startup")

@@ -10,12 +10,15 @@ re-import the main module, so the engine must be built under ``if __name__ ==
 from __future__ import annotations
 
 import multiprocessing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine_sdk.layers.parallel import valid_tensor_parallel_sizes
 
 from engine.config import EngineArgs
 from engine.errors import StartupError
+
+if TYPE_CHECKING:
+    from engine.plugins import PluginManager
 
 __all__ = ["check_main_guard", "check_tensor_parallel"]
 
@@ -68,7 +71,7 @@ def _check_devices(size: int, device: str) -> None:
             )
 
 
-def check_tensor_parallel(args: EngineArgs, pm: Any, hf_config: Any) -> None:
+def check_tensor_parallel(args: EngineArgs, pm: PluginManager, hf_config: Any) -> None:
     """Every check that can fail before workers start; a no-op for size 1."""
     size = args.tensor_parallel_size
     if not isinstance(size, int) or size < 1:
@@ -79,7 +82,7 @@ def check_tensor_parallel(args: EngineArgs, pm: Any, hf_config: Any) -> None:
     from engine.model_executor.loader import find_architecture
 
     model_cls = find_architecture(pm, hf_config, str(args.model))
-    if not getattr(model_cls, "supports_tensor_parallel", False):
+    if not model_cls.supports_tensor_parallel:
         raise StartupError(
             f"{model_cls.__name__} does not support tensor parallelism; "
             "use --tensor-parallel-size 1"

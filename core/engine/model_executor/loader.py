@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from engine_sdk.interfaces.attention import AttentionBackend, AttentionLayerConfig
@@ -25,7 +25,12 @@ from engine_sdk.interfaces.quantization import QuantizationConfig, QuantizationM
 
 from engine.config import EngineArgs
 from engine.errors import StartupError
+from engine.model_executor.plugin_needs import quantization_needs
 from engine.model_executor.source import ModelSource
+from engine.plugins import PluginError
+
+if TYPE_CHECKING:
+    from engine.plugins import PluginManager
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +96,7 @@ def _quant_dict(hf_config: Any) -> dict[str, Any] | None:
 
 
 def resolve_quant_config(
-    args: EngineArgs, hf_config: Any, pm: Any, device: torch.device
+    args: EngineArgs, hf_config: Any, pm: PluginManager, device: torch.device
 ) -> QuantizationConfig | None:
     """The checkpoint's ``quantization_config`` or ``--quantization``; its plugin is loaded."""
     checkpoint = _quant_dict(hf_config)
@@ -114,7 +119,12 @@ def resolve_quant_config(
     except (ValueError, KeyError, TypeError) as exc:  # a plugin refusing this checkpoint
         where = "--quantization" if args.quantization else "the checkpoint's quantization_config"
         raise StartupError(f"quantization {name!r} ({where}): {exc}") from exc
-    problem = quant_config.check_device(device)
+    try:
+        needs = quantization_needs(device, quant_config.allow_reference)
+        pm.check_quantization(str(name), needs)
+    except PluginError as exc:
+        raise StartupError(str(exc)) from exc
+    problem = quant_config.check_device(device)  # what the spec's data cannot say
     if problem is not None:
         raise StartupError(f"quantization {name!r} cannot run on {device}: {problem}")
     where = "--quantization" if args.quantization else "the checkpoint's quant_method"
@@ -122,7 +132,7 @@ def resolve_quant_config(
     return quant_config
 
 
-def find_architecture(pm: Any, hf_config: Any, where: str) -> type[ModelArchitecture]:
+def find_architecture(pm: PluginManager, hf_config: Any, where: str) -> type[ModelArchitecture]:
     architectures = list(getattr(hf_config, "architectures", None) or [])
     if not architectures:
         raise StartupError(
@@ -176,7 +186,7 @@ def _load_checkpoint(model: ModelArchitecture, source: ModelSource, dtype: torch
 
 
 def load_model(
-    args: EngineArgs, pm: Any, source: ModelSource, config: LoadConfig
+    args: EngineArgs, pm: PluginManager, source: ModelSource, config: LoadConfig
 ) -> ModelArchitecture:
     """Build the plugin's model on ``config.device`` and fill its weights."""
     if args.load_format not in _LOAD_FORMATS:

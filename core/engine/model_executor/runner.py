@@ -28,10 +28,7 @@ from engine.errors import StartupError
 from engine.model_executor.cuda_graphs import CudaGraphRunner
 from engine.model_executor.host_copy import HostCopy
 from engine.model_executor.inputs import StepInputs, StepInputsBuilder
-from engine.model_executor.kv_cache_dtype import (
-    resolve_kv_cache_dtype,
-    select_backend_for_kv_cache_dtype,
-)
+from engine.model_executor.kv_cache_dtype import resolve_kv_cache_dtype
 from engine.model_executor.loader import LoadConfig, load_model, resolve_device, resolve_dtype
 from engine.model_executor.logprobs import gather_prompt_logprobs, unpack_prompt_logprobs
 from engine.model_executor.memory import (
@@ -41,6 +38,7 @@ from engine.model_executor.memory import (
     plan_gpu_kv_cache,
     resolve_max_model_len,
 )
+from engine.model_executor.plugin_needs import attention_needs, choose_attention_backend
 from engine.model_executor.profiling import profile_gpu_memory
 from engine.model_executor.sampler import DeviceSample, Sampler, SamplingBatch
 from engine.model_executor.source import ModelSource
@@ -113,21 +111,10 @@ class ModelRunner:
         return int(free)
 
     def _select_backend(self, pm: Any) -> type[AttentionBackend]:
-        dtype = str(self.dtype).removeprefix("torch.")
-        name = select_backend_for_kv_cache_dtype(
-            pm,
-            self.device.type,
-            dtype,
-            self.block_size,
-            self.args.attention_backend,
-            self.args.kv_cache_dtype,
+        needs = attention_needs(
+            self.args, self.device, self.dtype, self.block_size, self.source.hf_config
         )
-        try:
-            backend: type[AttentionBackend] = pm.select_attention_backend(
-                self.device.type, dtype, self.block_size, name
-            )
-        except Exception as exc:
-            raise StartupError(str(exc)) from exc
+        backend = choose_attention_backend(pm, self.args, needs)
         logger.info("attention backend: %s", backend.name or backend.__name__)
         return backend
 
@@ -223,7 +210,7 @@ class ModelRunner:
     def _capture_cuda_graphs(self) -> CudaGraphRunner | None:
         if self.device.type != "cuda" or self.args.enforce_eager:
             return None
-        if not getattr(self.backend_cls, "supports_cuda_graphs", False):
+        if not self.backend_cls.supports_cuda_graphs:
             logger.info(
                 "attention backend %s does not support CUDA graphs; running eagerly",
                 self.backend_cls.name,

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine_sdk.specs import ModelFormatSpec
+
 from engine.errors import StartupError
 
 if TYPE_CHECKING:
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from engine_sdk.interfaces.model_format import ModelFormat
 
     from engine.config import EngineArgs
+    from engine.plugins import PluginManager
 
 logger = logging.getLogger(__name__)
 
@@ -201,20 +204,47 @@ class FormatModelSource(ModelSource):
         return self.format.generation_config()
 
 
-def _claiming_format(path: Path, pm: Any) -> type[ModelFormat] | None:
-    """The first format plugin that claims ``path``; a file's suffix filters cheaply first."""
+def _may_claim(spec: ModelFormatSpec, path: Path) -> bool:
+    """Whether the spec's declared ``suffixes`` allow it to claim ``path`` (a file with one
+    of them, or a folder holding one); a format that declares none is always asked."""
+    suffixes = tuple(suffix.lower() for suffix in spec.suffixes)
+    if not suffixes:
+        return True
+    if path.is_file():
+        return path.name.lower().endswith(suffixes)
+    return any(child.name.lower().endswith(suffixes) for child in path.iterdir())
+
+
+def _claiming_format(path: Path, pm: PluginManager) -> type[ModelFormat] | None:
+    """The first format plugin that claims ``path``.
+
+    Declared suffixes filter without importing anything, so an HF folder never imports a
+    GGUF loader. A format whose code fails to import is marked failed and skipped (another
+    format or the HF layout may still read the path), unless ``path`` is a file only it
+    would read: then its error is the answer.
+    """
+    from engine.plugins import PluginError
+
     for spec in pm.registry.specs("model_format"):
-        suffixes = tuple(getattr(spec, "suffixes", ()) or ())
-        if suffixes and path.is_file() and not path.name.lower().endswith(suffixes):
+        if not isinstance(spec, ModelFormatSpec) or not _may_claim(spec, path):
             continue
-        cls: type[ModelFormat] = pm.registry.resolve("model_format", spec.name)
+        try:
+            cls: type[ModelFormat] = pm.registry.resolve("model_format", spec.name)
+        except PluginError as exc:
+            if path.is_file():
+                raise StartupError(f"cannot read {path}: {exc}") from exc
+            try:
+                pm.mark_failed("model_format", spec.name, str(exc))
+            except PluginError as required:
+                raise StartupError(str(required)) from exc
+            continue
         if cls.claims(path):
             logger.info("model format plugin %r reads %s", spec.name, path)
             return cls
     return None
 
 
-def open_model_source(args: EngineArgs, pm: Any) -> ModelSource:
+def open_model_source(args: EngineArgs, pm: PluginManager) -> ModelSource:
     """Open ``args.model``: a format plugin's file, else an HF folder."""
     if not args.model:
         raise StartupError("no model given: pass --model PATH (an HF folder or a GGUF file)")

@@ -9,33 +9,50 @@ one that fails is recorded as ``failed`` and the engine goes on without it.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pluggy
 from engine_sdk import PROJECT_NAME, hookspecs
 from engine_sdk.kinds import KIND_HOOKS, validate_hook_result
-from engine_sdk.specs import SPEC_KINDS, AttentionBackendSpec, PluginSpec
+from engine_sdk.specs import (
+    SPEC_KINDS,
+    AttentionBackendSpec,
+    PluginSpec,
+    QuantizationMethodSpec,
+)
 
 from engine.plugins.activation import Activation, parse_activation
+from engine.plugins.capabilities import (
+    AttentionNeeds,
+    QuantizationNeeds,
+    quantization_refusals,
+)
 from engine.plugins.catalogue import Catalogue
 from engine.plugins.discovery import Candidate, discover_entry_points
 from engine.plugins.errors import PluginError
 from engine.plugins.info import PluginInfo
+from engine.plugins.preflight import missing_dependencies, sdk_refusal
 from engine.plugins.registry import Registry
-from engine.plugins.selection import normalize_device, normalize_dtype, rank_backends
+from engine.plugins.selection import rank_backends, refusals_text
 from engine.plugins.versions import sdk_requirement, specifier_contains
 
 if TYPE_CHECKING:
     from engine_sdk.interfaces.attention import AttentionBackend
+    from engine_sdk.interfaces.model import ModelArchitecture
+    from engine_sdk.interfaces.quantization import QuantizationConfig
+
+logger = logging.getLogger(__name__)
 
 
 def _sdk_version() -> str:
     import engine_sdk
 
-    return engine_sdk.__version__
+    version: str = engine_sdk.__version__
+    return version
 
 
 def _extra_name(plugin: object) -> str:
@@ -71,10 +88,13 @@ class PluginManager:
         *,
         discover: bool = True,
         catalogue: Catalogue | None = None,
+        report_failures: bool = False,
     ) -> PluginManager:
         """Discover and load plugins; ``extra_plugins`` are modules/objects (for tests).
 
         ``discover=False`` skips entry points so only ``extra_plugins`` load.
+        ``report_failures`` logs one warning per failed plugin: the engine's startup sets
+        it, so the report appears once and not again in each process that loads plugins.
         """
         env = os.environ if env is None else env
         activation = parse_activation(requested, env)
@@ -90,7 +110,33 @@ class PluginManager:
             info.requested = name in activation.requested
             pm._plugins.append(info)
             pm._activate(info, plugin)
+        if report_failures:
+            pm.report_failures()
         return pm
+
+    def register_local(self, name: str, source: str, specs: Sequence[PluginSpec]) -> PluginInfo:
+        """Register specs from local code the user named on the command line (for example
+        ``--tool-parser-plugin FILE``) as plugin ``name``; duplicates are a ``PluginError``."""
+        info = PluginInfo(
+            name=name, dist=None, version=None, status="loaded", module=source, requested=True
+        )
+        for spec in specs:
+            self.registry.add(spec, info)
+            info.specs.setdefault(spec.kind, []).append(spec)
+        self._plugins.append(info)
+        return info
+
+    def report_failures(self) -> None:
+        """Log one warning per failed plugin: its name, the cause and what to do."""
+        for info in self._plugins:
+            if info.status == "failed":
+                logger.warning(
+                    "plugin %s failed and is not used: %s (`engine plugins list` shows it; "
+                    "block it with --plugin no:%s to silence this)",
+                    info.owner,
+                    info.error,
+                    info.name,
+                )
 
     def _check_requested(self, candidates: list[Candidate], extra_names: list[str]) -> None:
         available = {c.name for c in candidates} | {c.dist for c in candidates if c.dist}
@@ -149,6 +195,19 @@ class PluginManager:
             self._import_and_activate(info, candidate)
 
     def _import_and_activate(self, info: PluginInfo, candidate: Candidate) -> None:
+        refusal = sdk_refusal(info.name, info.dist, info.sdk_requirement, _sdk_version())
+        if refusal is not None:
+            self._fail(info, refusal, fix="")
+            return
+        missing = missing_dependencies(candidate.requires)
+        if missing:
+            quoted = " ".join(f"'{m.split(' (installed')[0]}'" for m in missing)
+            self._fail(
+                info,
+                f"missing dependencies: {', '.join(missing)}",
+                fix=f"install them: pip install {quoted}",
+            )
+            return
         try:
             plugin = candidate.entry_point.load()
         except Exception as exc:
@@ -156,15 +215,28 @@ class PluginManager:
             return
         self._activate(info, plugin)
 
-    def _fail(self, info: PluginInfo, error: str) -> None:
+    def _fail(self, info: PluginInfo, error: str, fix: str | None = None) -> None:
+        """Record ``info`` as failed; a plugin the user required is a ``PluginError``."""
         info.status = "failed"
         info.error = error
         if info.requested:
+            if fix is None:
+                fix = f"reinstall it ({self.catalogue.install_hint(info.name)})"
+            todo = f"; {fix}" if fix else ""
             raise PluginError(
-                f"plugin {info.name!r} ({info.dist}) was requested but cannot load: {error}. "
-                f"Reinstall it ({self.catalogue.install_hint(info.name)}) or drop "
-                f"--plugin {info.name}"
+                f"plugin {info.name!r} ({info.dist}) was requested but cannot load: {error}"
+                f"{todo}; or drop --plugin {info.name}"
             )
+
+    def mark_failed(self, kind: str, name: str, error: str) -> None:
+        """A spec's target failed when the core used it: its plugin is failed from now on.
+
+        Its specs leave the registry so later lookups skip them; a required plugin raises.
+        """
+        info = self.registry.owner(kind, name)
+        self.registry.remove_owner(info)
+        logger.warning("plugin %s failed and is not used: %s", info.owner, error)
+        self._fail(info, error)
 
     def _activate(self, info: PluginInfo, plugin: object) -> None:
         """Register with pluggy, call each hook for this plugin alone, register its specs."""
@@ -185,7 +257,11 @@ class PluginManager:
                     specs.setdefault(kind, []).extend(validate_hook_result(kind, result, info.name))
         except Exception as exc:
             self.hooks.unregister(plugin)
-            self._fail(info, f"a hook failed: {type(exc).__name__}: {exc}")
+            self._fail(
+                info,
+                f"a hook failed: {type(exc).__name__}: {exc}",
+                fix=f"report it to the authors of {info.dist or info.name}",
+            )
             return
         info.specs = {kind: found for kind, found in specs.items() if found}
         for kind_specs in info.specs.values():
@@ -225,7 +301,7 @@ class PluginManager:
     def specs(self, kind: str) -> list[PluginSpec]:
         return self.registry.specs(kind)
 
-    def find_model_architecture(self, arch: str) -> Any:
+    def find_model_architecture(self, arch: str) -> type[ModelArchitecture]:
         """The ``ModelArchitecture`` subclass serving HF architecture name ``arch``."""
         found = self.registry.architecture(arch)
         if found is None:
@@ -236,45 +312,71 @@ class PluginManager:
                 "(`engine plugins list --available`) or check `engine plugins list` for "
                 "failed plugins"
             )
-        return self.registry.resolve("model_architecture", found[0].name)
+        model_cls: type[ModelArchitecture] = self.registry.resolve(
+            "model_architecture", found[0].name
+        )
+        return model_cls
+
+    def attention_specs(self) -> list[AttentionBackendSpec]:
+        specs = self.registry.specs("attention_backend")
+        return [s for s in specs if isinstance(s, AttentionBackendSpec)]
+
+    def quantization_specs(self) -> list[QuantizationMethodSpec]:
+        specs = self.registry.specs("quantization_method")
+        return [s for s in specs if isinstance(s, QuantizationMethodSpec)]
 
     def select_attention_backend(
-        self, device: str, dtype: str, block_size: int, name: str | None = None
+        self, needs: AttentionNeeds, name: str | None = None
     ) -> type[AttentionBackend]:
-        """The named backend if it fits, else the highest-priority fitting one."""
-        device, dtype = normalize_device(device), normalize_dtype(dtype)
-        specs = self.registry.specs("attention_backend")
-        attention_specs = [s for s in specs if isinstance(s, AttentionBackendSpec)]
-        fitting, rejected = rank_backends(attention_specs, device, dtype, block_size)
-        wanted = f"device={device}, dtype={dtype}, block_size={block_size}"
+        """The named backend if it fits, else the highest-priority fitting one.
+
+        The only place the attention backend is chosen; a refusal lists every reason of
+        every backend (the same lines ``engine plugins list --explain`` prints).
+        """
+        fitting, rejected = rank_backends(self.attention_specs(), needs)
+        wanted = needs.describe()
         if name is not None:
             self.registry.get_spec("attention_backend", name)
             if name in rejected:
                 others = ", ".join(s.name for s in fitting) or "none"
                 raise PluginError(
-                    f"attention backend {name!r} cannot run {wanted}: {rejected[name]}. "
-                    f"Backends that fit: {others}; change --attention-backend or the "
-                    "dtype/block size"
+                    f"attention backend {name!r} cannot run {wanted}:\n"
+                    f"{refusals_text({name: rejected[name]})}\n"
+                    f"Backends that fit: {others}; change --attention-backend, or --dtype / "
+                    "--block-size / --kv-cache-dtype"
                 )
             chosen = name
         elif fitting:
             chosen = fitting[0].name
         else:
-            why = "; ".join(f"{n}: {r}" for n, r in rejected.items()) or "none is loaded"
+            why = refusals_text(rejected) or "  - no attention backend is loaded"
             raise PluginError(
-                f"no attention backend fits {wanted} ({why}). Change --dtype / --block-size "
-                "/ --device, or install a backend plugin for this hardware "
+                f"no attention backend fits {wanted}:\n{why}\nChange --dtype / --block-size "
+                "/ --kv-cache-dtype / --device, or install a backend plugin for this hardware "
                 "(`engine plugins list --available --kind attention_backend`)"
             )
         backend: type[AttentionBackend] = self.registry.resolve("attention_backend", chosen)
         return backend
 
-    def require_quant_method(self, quant_method: str) -> Any:
+    def check_quantization(self, method: str, needs: QuantizationNeeds) -> None:
+        """Refuse ``method`` on this device from its spec's ``devices`` and
+        ``min_capability``; the error lists the reasons and what to change."""
+        spec = self.registry.get_spec("quantization_method", method)
+        assert isinstance(spec, QuantizationMethodSpec)
+        reasons = quantization_refusals(spec, needs)
+        if reasons:
+            raise PluginError(
+                f"quantization {method!r} cannot run on {needs.device}: {'; '.join(reasons)}. "
+                "Use --device cpu for the reference path, another GPU, or an unquantized "
+                "checkpoint"
+            )
+
+    def require_quant_method(self, quant_method: str) -> type[QuantizationConfig]:
         """The ``QuantizationConfig`` subclass for ``quant_method``; loads an installed but
         not-yet-loaded provider (a checkpoint pulls in its method's plugin)."""
         kind = "quantization_method"
         if quant_method in self.registry.names(kind):
-            return self.registry.resolve(kind, quant_method)
+            return self._resolve_quant(quant_method)
         providers = self.catalogue.providers_of(kind, quant_method)
         for entry in providers:
             info = self.get_plugin(entry.name)
@@ -283,7 +385,7 @@ class PluginManager:
             if info.status == "not_loaded":
                 info.requested = True
                 self._import_and_activate(info, self._candidates[info.name])
-                return self.registry.resolve(kind, quant_method)
+                return self._resolve_quant(quant_method)
             if info.status == "blocked":
                 raise PluginError(
                     f"quantization method {quant_method!r} needs plugin {info.name!r}, which "
@@ -300,7 +402,7 @@ class PluginManager:
             if info.status == "not_loaded" and info.name in self._candidates:
                 self._import_and_activate(info, self._candidates[info.name])
         if quant_method in self.registry.names(kind):
-            return self.registry.resolve(kind, quant_method)
+            return self._resolve_quant(quant_method)
         known = ", ".join(self.registry.names(kind)) or "none"
         if providers:
             hint = "; ".join(f"plugin {e.name!r}: {e.install_hint()}" for e in providers)
@@ -314,6 +416,12 @@ class PluginManager:
             f"quantization method {quant_method!r} is not provided by any loaded plugin "
             f"(loaded methods: {known}); {todo}"
         )
+
+    def _resolve_quant(self, quant_method: str) -> type[QuantizationConfig]:
+        config_cls: type[QuantizationConfig] = self.registry.resolve(
+            "quantization_method", quant_method
+        )
+        return config_cls
 
     def kinds(self) -> list[str]:
         return list(SPEC_KINDS)

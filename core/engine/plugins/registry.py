@@ -56,6 +56,17 @@ class Registry:
                 self._architectures[arch] = (spec, owner)
         self._specs[kind][spec.name] = (spec, owner)
 
+    def remove_owner(self, owner: PluginInfo) -> None:
+        """Drop every spec ``owner`` provided (the plugin failed after loading)."""
+        for kind_specs in self._specs.values():
+            for name in [n for n, (_, o) in kind_specs.items() if o is owner]:
+                del kind_specs[name]
+        for arch in [a for a, (_, o) in self._architectures.items() if o is owner]:
+            del self._architectures[arch]
+        self._resolved = {
+            key: obj for key, obj in self._resolved.items() if key[1] in self._specs[key[0]]
+        }
+
     def specs(self, kind: str) -> list[PluginSpec]:
         _check_kind(kind)
         return [spec for spec, _ in self._specs[kind].values()]

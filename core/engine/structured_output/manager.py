@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from engine_sdk.interfaces.structured_output import (
@@ -32,6 +32,9 @@ from engine.structured_output.compile_pool import CompilePool, with_deadline
 from engine.structured_output.config import StructuredOutputsConfig
 from engine.structured_output.keys import GrammarKey, grammar_key
 from engine.structured_output.masks import DeviceMaskCache, EosRules, batch_masks
+
+if TYPE_CHECKING:
+    from engine.plugins import PluginManager
 
 KIND = StructuredOutputBackendSpec.kind
 
@@ -80,7 +83,7 @@ class StructuredOutputManager:
         self,
         tokenizer: Any,
         vocab_size: int,
-        pm: Any,
+        pm: PluginManager,
         backend_name: str | None = None,
         *,
         config: StructuredOutputsConfig | None = None,

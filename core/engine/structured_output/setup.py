@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine_sdk.interfaces.reasoning_parser import ReasoningParser
 
@@ -19,6 +19,9 @@ from engine.errors import RequestValidationError, StartupError
 from engine.plugins.errors import PluginError
 from engine.structured_output.config import StructuredOutputsConfig
 from engine.structured_output.manager import StructuredOutputManager
+
+if TYPE_CHECKING:
+    from engine.plugins import PluginManager
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +32,11 @@ NO_BACKEND_HINT = (
 
 
 def build_structured_output_manager(
-    args: EngineArgs, pm: Any, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]
+    args: EngineArgs,
+    pm: PluginManager,
+    tokenizer: Any,
+    vocab_size: int,
+    eos_token_ids: Sequence[int],
 ) -> StructuredOutputManager | None:
     """The manager for ``args``; ``None`` when ``auto`` finds no backend installed."""
     backend = args.structured_outputs_backend or "auto"
@@ -61,7 +68,7 @@ def require_manager(manager: StructuredOutputManager | None) -> StructuredOutput
     return manager
 
 
-def resolve_reasoning_parser(pm: Any, name: str | None) -> type[ReasoningParser] | None:
+def resolve_reasoning_parser(pm: PluginManager, name: str | None) -> type[ReasoningParser] | None:
     """The class of ``--reasoning-parser NAME`` (``None`` when unset); ``StartupError``
     listing the installed ones for an unknown name."""
     if not name:

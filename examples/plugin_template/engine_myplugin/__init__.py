@@ -1,1 +1,1 @@
-"""engine-myplugin: an Engine plugin made from the plugin template."""
+"""engine-myplugin: an Engine plugin (tool_parser)."""

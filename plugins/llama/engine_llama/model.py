@@ -12,10 +12,8 @@ from engine_sdk.layers.decoder import DecoderForCausalLM, DecoderOptions
 
 
 class LlamaForCausalLM(DecoderForCausalLM):
-    architectures: ClassVar[tuple[str, ...]] = ("LlamaForCausalLM",)
     options: ClassVar[DecoderOptions] = DecoderOptions()
 
 
 class MistralForCausalLM(DecoderForCausalLM):
-    architectures: ClassVar[tuple[str, ...]] = ("MistralForCausalLM",)
     options: ClassVar[DecoderOptions] = DecoderOptions(attention_bias=False, mlp_bias=False)

@@ -8,5 +8,4 @@ from engine_sdk.layers.decoder import DecoderForCausalLM, DecoderOptions
 
 
 class Qwen3ForCausalLM(DecoderForCausalLM):
-    architectures: ClassVar[tuple[str, ...]] = ("Qwen3ForCausalLM",)
     options: ClassVar[DecoderOptions] = DecoderOptions(qk_norm=True)

@@ -13,7 +13,7 @@ exception: its streamed start cannot be taken back).
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, ClassVar
+from typing import Any
 
 from engine_sdk.interfaces.messages import (
     DeltaMessage,
@@ -30,11 +30,9 @@ from engine_toolparsers.pieces import Piece, PieceKind, assemble
 class PieceToolParser(ToolParser):
     """A ``ToolParser`` defined by :meth:`split`; one instance per request.
 
-    ``requires_special_tokens``: the markers are special tokens, so the server must
-    detokenize with ``skip_special_tokens=False`` for this parser to see them.
+    ``requires_special_tokens`` (on the SDK's ``ToolParser``): set it when the markers are
+    special tokens, so the server detokenizes with ``skip_special_tokens=False``.
     """
-
-    requires_special_tokens: ClassVar[bool] = False
 
     def __init__(self, tokenizer: Any = None) -> None:
         super().__init__(tokenizer)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from engine_sdk.deprecation import deprecated_members, warn_deprecated_members
 from engine_sdk.interfaces.attention import AttentionBackend, AttentionLayerConfig
 
 if TYPE_CHECKING:
@@ -34,6 +35,9 @@ class ModelContext:
     kv_cache_dtype: str = "auto"
 
 
+_DEPRECATED_MEMBERS = deprecated_members("engine_sdk.interfaces.model:ModelArchitecture")
+
+
 class ModelArchitecture(torch.nn.Module):
     """Base class of every model a plugin provides.
 
@@ -43,7 +47,16 @@ class ModelArchitecture(torch.nn.Module):
     engine computes logits only for positions it samples from.
     """
 
+    #: Deprecated since engine-sdk 0.1.1, removed in 0.2: the HF architecture names are
+    #: declared once, in ``ModelArchitectureSpec.architectures``.
     architectures: ClassVar[tuple[str, ...]] = ()
+    #: True when the model shards its weights over a tensor-parallel group
+    #: (``--tensor-parallel-size`` > 1); the core refuses TP for models that leave it False.
+    supports_tensor_parallel: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        warn_deprecated_members(cls, _DEPRECATED_MEMBERS)
 
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__()

@@ -70,6 +70,10 @@ class QuantizationConfig(ABC):
     """Parsed quantization settings of one model."""
 
     name: ClassVar[str] = ""
+    #: Set (on the instance) when the checkpoint asks for the reference path on a GPU
+    #: below the spec's ``min_capability`` (correct, slower); the core then accepts such a
+    #: GPU instead of refusing it from the spec's data.
+    allow_reference: bool = False
 
     @classmethod
     @abstractmethod
@@ -81,5 +85,10 @@ class QuantizationConfig(ABC):
         """The method for the linear layer at ``prefix``; ``None`` keeps it unquantized."""
 
     def check_device(self, device: torch.device) -> str | None:
-        """``None`` when the method can run on ``device``, else the reason it cannot."""
+        """``None`` when the method can run on ``device``, else the reason it cannot.
+
+        Optional, for what the spec's data cannot say (a kernel library that must import).
+        The core has already checked the spec's ``devices``, ``min_capability`` and
+        ``reference_devices`` before it calls this.
+        """
         return None

@@ -11,7 +11,11 @@ from engine_sdk.interfaces.messages import DeltaMessage
 class ReasoningParser(ABC):
     """One instance per request. Text inside the think section is ``reasoning_content``."""
 
+    #: The ``--reasoning-parser`` name (informational; the spec's ``name`` selects it).
     name: ClassVar[str] = ""
+    #: True when the think markers are special tokens: the server then detokenizes with
+    #: ``skip_special_tokens=False`` so the parser sees them.
+    requires_special_tokens: ClassVar[bool] = False
 
     def __init__(self, tokenizer: Any = None) -> None:
         self.tokenizer = tokenizer

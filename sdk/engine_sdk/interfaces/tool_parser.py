@@ -21,9 +21,15 @@ from engine_sdk.interfaces.messages import DeltaMessage, ExtractedToolCalls
 
 
 class ToolParser(ABC):
+    """Parses tool calls out of model output; one instance per request."""
+
+    #: The ``--tool-call-parser`` name (informational; the spec's ``name`` selects it).
     name: ClassVar[str] = ""
     # Arguments stream as generated (see the module docstring); False: each call whole.
     streams_partial_calls: ClassVar[bool] = False
+    #: True when the markers this parser reads are special tokens: the server then
+    #: detokenizes with ``skip_special_tokens=False`` so the parser sees them.
+    requires_special_tokens: ClassVar[bool] = False
 
     def __init__(self, tokenizer: Any = None) -> None:
         self.tokenizer = tokenizer

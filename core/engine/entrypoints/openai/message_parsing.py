@@ -55,7 +55,7 @@ def make_chat_plan(tools: ToolPlan, features: ChatFeatures, prompt_closed_think:
 def needs_special_tokens(plan: ChatPlan) -> bool:
     """Whether the parsers read markers that are special tokens (keep them when decoding)."""
     return any(
-        getattr(cls, "requires_special_tokens", False)
+        cls.requires_special_tokens
         for cls in (plan.reasoning_parser_cls, plan.tool_parser_cls)
         if cls is not None
     )
