@@ -48,6 +48,8 @@ class DecoderOptions:
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before rope
     attention_bias: bool | None = None  # config.attention_bias (default False)
     mlp_bias: bool | None = None  # config.mlp_bias (default False)
+    # Qwen2: bias on q/k/v only. None: o_proj follows the attention bias.
+    o_proj_bias: bool | None = None
 
 
 def head_dim_of(hf_config: Any) -> int:
@@ -77,6 +79,7 @@ class DecoderAttention(torch.nn.Module):
         self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.num_heads)
         self.head_dim = head_dim_of(cfg)
         bias = _flag(options.attention_bias, cfg, "attention_bias")
+        o_bias = bias if options.o_proj_bias is None else options.o_proj_bias
         hidden, q_size = int(cfg.hidden_size), self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         tp = current_tensor_parallel()
@@ -84,7 +87,7 @@ class DecoderAttention(torch.nn.Module):
             self.q_proj = Linear(hidden, q_size, bias, quant, f"{prefix}.q_proj", dtype)
             self.k_proj = Linear(hidden, kv_size, bias, quant, f"{prefix}.k_proj", dtype)
             self.v_proj = Linear(hidden, kv_size, bias, quant, f"{prefix}.v_proj", dtype)
-            self.o_proj = Linear(q_size, hidden, bias, quant, f"{prefix}.o_proj", dtype)
+            self.o_proj = Linear(q_size, hidden, o_bias, quant, f"{prefix}.o_proj", dtype)
         else:  # this rank's heads: q/k/v column-parallel, o_proj row-parallel
             shards = shard_attention_heads(self.num_heads, self.num_kv_heads, tp)
             self.num_heads, self.num_kv_heads = shards.num_heads, shards.num_kv_heads
@@ -99,7 +102,7 @@ class DecoderAttention(torch.nn.Module):
                 hidden, kv_size, bias, quant, f"{prefix}.v_proj", dtype, tp=tp, **kv_shard
             )
             self.o_proj = RowParallelLinear(
-                q_size, hidden, bias, quant, f"{prefix}.o_proj", dtype, tp=tp
+                q_size, hidden, o_bias, quant, f"{prefix}.o_proj", dtype, tp=tp
             )
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
