@@ -22,6 +22,20 @@ BASE = {"device": "cpu", "dtype": "float32", "block_size": 4}
 NUM_NEW = 10
 LONG = PROMPTS[2] + " " + PROMPTS[0] + " " + PROMPTS[2]
 
+# Phi-3's head_dim 96 (hidden 192 over 2 heads), as the real models have.
+PHI3 = {"hidden_size": 192, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 96}
+# LongRoPE over 72 rotary dims (partial factor 0.75, as Phi-4-mini): 36 factors each. The
+# logits prompt (> 64 tokens) takes the long factors, the greedy runs (< 64) the short ones.
+LONGROPE = {
+    "partial_rotary_factor": 0.75,
+    "original_max_position_embeddings": 64,
+    "rope_scaling": {
+        "type": "longrope",
+        "short_factor": [1.0 + 0.05 * i for i in range(36)],
+        "long_factor": [1.5 + 0.3 * i for i in range(36)],
+    },
+}
+
 VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("qwen2", "Qwen2ForCausalLM", {}),
     ("qwen2-tied", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
@@ -30,6 +44,8 @@ VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
         "Qwen2ForCausalLM",
         {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
     ),
+    ("phi3", "Phi3ForCausalLM", PHI3),
+    ("phi3-longrope", "Phi3ForCausalLM", {**PHI3, **LONGROPE, "tie_word_embeddings": True}),
 ]
 
 
