@@ -36,6 +36,25 @@ LONGROPE = {
     },
 }
 
+# Gemma at head_dim 256; caps small enough that tanh bends these random weights' scores.
+GEMMA = {
+    "num_hidden_layers": 3,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "query_pre_attn_scalar": 224,
+    "sliding_window": 8,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+}
+GEMMA2 = {**GEMMA, "attn_logit_softcapping": 0.5, "final_logit_softcapping": 1.0}
+# Gemma 3 as its config.json on the Hub spells it (transformers nests it per layer type).
+GEMMA3 = {
+    **GEMMA,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+}
+
 VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("qwen2", "Qwen2ForCausalLM", {}),
     ("qwen2-tied", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
@@ -46,6 +65,8 @@ VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ),
     ("phi3", "Phi3ForCausalLM", PHI3),
     ("phi3-longrope", "Phi3ForCausalLM", {**PHI3, **LONGROPE, "tie_word_embeddings": True}),
+    ("gemma2", "Gemma2ForCausalLM", {**GEMMA2, "tie_word_embeddings": True}),
+    ("gemma3", "Gemma3ForCausalLM", {**GEMMA3, "tie_word_embeddings": True}),
 ]
 
 

@@ -35,7 +35,7 @@ from engine_sdk.layers.parallel import (
 )
 from engine_sdk.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters_from_config
 
-__all__ = ["DecoderForCausalLM", "DecoderOptions", "head_dim_of"]
+__all__ = ["DecoderAttention", "DecoderForCausalLM", "DecoderOptions", "head_dim_of"]
 
 # Checkpoint tensors that are not parameters (recomputed buffers in old exports).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
@@ -107,17 +107,26 @@ class DecoderAttention(torch.nn.Module):
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if options.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype)
-        self.attn = Attention(
+            self.q_norm = self.make_norm(self.head_dim, cfg.rms_norm_eps, dtype)
+            self.k_norm = self.make_norm(self.head_dim, cfg.rms_norm_eps, dtype)
+        self.attn = self.make_attention(ctx, layer_idx, f"{prefix}.attn")
+        self.qkv_proj: Linear | None = None  # set by merge_projections()
+
+    def make_norm(self, size: int, eps: float, dtype: torch.dtype) -> RMSNorm:
+        """The q/k norm; a subclass returns its own RMSNorm variant (Gemma's ``1 + w``)."""
+        return RMSNorm(size, eps, dtype)
+
+    def make_attention(self, ctx: ModelContext, layer_idx: int, prefix: str) -> Attention:
+        """This layer's attention (this rank's heads); a subclass sets its own scale, soft
+        cap or window (Gemma's ``query_pre_attn_scalar``)."""
+        return Attention(
             ctx,
             self.num_heads,
             self.num_kv_heads,
             self.head_dim,
-            sliding_window=_sliding_window(cfg, layer_idx),
-            prefix=f"{prefix}.attn",
+            sliding_window=_sliding_window(ctx.hf_config, layer_idx),
+            prefix=prefix,
         )
-        self.qkv_proj: Linear | None = None  # set by merge_projections()
 
     def merge_projections(self) -> None:
         """After loading: q, k and v as one GEMM (when their quantization method can merge)."""
