@@ -118,3 +118,11 @@ def test_greedy_matches_hf_chunked_cached_preempted(name: str, model_dirs: dict[
     stats = llm.stats()
     assert stats.num_preemptions > 0
     assert stats.prefix_cache_hits > 0
+
+
+def test_every_architecture_is_served_by_an_installed_plugin(pm_all: Any) -> None:
+    """What `engine plugins list` shows: each architecture here resolves through entry points."""
+    served = pm_all.registry.architectures()
+    for arch in sorted({arch for _, arch, _ in VARIANTS}):
+        assert arch in served
+        assert pm_all.find_model_architecture(arch).architectures == (arch,)
