@@ -163,21 +163,26 @@ class DecoderLayer(torch.nn.Module):
         super().__init__()
         cfg, dtype = ctx.hf_config, ctx.dtype
         self.self_attn = DecoderAttention(ctx, options, layer_idx, f"{prefix}.self_attn")
-        tp = current_tensor_parallel()
+        self.mlp: torch.nn.Module = self.make_mlp(ctx, options, layer_idx, f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
+
+    def make_mlp(
+        self, ctx: ModelContext, options: DecoderOptions, layer_idx: int, prefix: str
+    ) -> torch.nn.Module:
+        """The feed-forward block ``x -> x``; a subclass returns a mixture of experts."""
+        cfg = ctx.hf_config
         mlp_args = (
             int(cfg.hidden_size),
             int(cfg.intermediate_size),
             getattr(cfg, "hidden_act", "silu"),
             _flag(options.mlp_bias, cfg, "mlp_bias"),
             ctx.quant_config,
-            f"{prefix}.mlp",
-            dtype,
+            prefix,
+            ctx.dtype,
         )
-        self.mlp: GatedMLP | ParallelGatedMLP = (
-            GatedMLP(*mlp_args) if tp is None else ParallelGatedMLP(*mlp_args, tp=tp)
-        )
-        self.input_layernorm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
-        self.post_attention_layernorm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
+        tp = current_tensor_parallel()
+        return GatedMLP(*mlp_args) if tp is None else ParallelGatedMLP(*mlp_args, tp=tp)
 
     def forward(
         self,
@@ -200,7 +205,13 @@ class DecoderLayer(torch.nn.Module):
 
 
 class DecoderModel(torch.nn.Module):
-    def __init__(self, ctx: ModelContext, options: DecoderOptions, prefix: str = "model"):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        options: DecoderOptions,
+        prefix: str = "model",
+        layer_cls: type[DecoderLayer] = DecoderLayer,
+    ):
         super().__init__()
         cfg, dtype = ctx.hf_config, ctx.dtype
         self.dtype = dtype
@@ -214,7 +225,7 @@ class DecoderModel(torch.nn.Module):
             )
         )
         self.layers = torch.nn.ModuleList(
-            DecoderLayer(ctx, options, i, f"{prefix}.layers.{i}")
+            layer_cls(ctx, options, i, f"{prefix}.layers.{i}")
             for i in range(int(cfg.num_hidden_layers))
         )
         self.norm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
@@ -245,13 +256,15 @@ class DecoderForCausalLM(ModelArchitecture):
     """A Llama-style causal LM; subclasses set ``architectures`` and ``options``."""
 
     options: ClassVar[DecoderOptions] = DecoderOptions()
+    # The block; a subclass overriding ``DecoderLayer.make_mlp`` (MoE models) sets its own.
+    layer_cls: ClassVar[type[DecoderLayer]] = DecoderLayer
     # Builds per-rank shards inside ``engine_sdk.layers.parallel.tensor_parallel``.
     supports_tensor_parallel: ClassVar[bool] = True
 
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__(ctx)
         cfg = ctx.hf_config
-        self.model = DecoderModel(ctx, self.options, "model")
+        self.model = DecoderModel(ctx, self.options, "model", self.layer_cls)
         tp = current_tensor_parallel()
         vocab, hidden = int(cfg.vocab_size), int(cfg.hidden_size)
         self.lm_head = (
