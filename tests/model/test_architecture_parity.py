@@ -55,6 +55,15 @@ GEMMA3 = {
     "rope_scaling": {"rope_type": "linear", "factor": 8.0},
 }
 
+# 8 experts of which 2 (Mixtral) or 3 (Qwen3-MoE) per token; Qwen3-MoE's layer 1 dense.
+QWEN3_MOE = {
+    "num_experts": 8,
+    "num_experts_per_tok": 3,
+    "moe_intermediate_size": 32,
+    "mlp_only_layers": [1],
+}
+MIXTRAL = {"num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": None}
+
 VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("qwen2", "Qwen2ForCausalLM", {}),
     ("qwen2-tied", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
@@ -67,6 +76,9 @@ VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("phi3-longrope", "Phi3ForCausalLM", {**PHI3, **LONGROPE, "tie_word_embeddings": True}),
     ("gemma2", "Gemma2ForCausalLM", {**GEMMA2, "tie_word_embeddings": True}),
     ("gemma3", "Gemma3ForCausalLM", {**GEMMA3, "tie_word_embeddings": True}),
+    ("qwen3-moe", "Qwen3MoeForCausalLM", {**QWEN3_MOE, "norm_topk_prob": False}),
+    ("qwen3-moe-norm", "Qwen3MoeForCausalLM", {**QWEN3_MOE, "norm_topk_prob": True}),
+    ("mixtral", "MixtralForCausalLM", MIXTRAL),
 ]
 
 
