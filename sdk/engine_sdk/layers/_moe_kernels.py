@@ -30,7 +30,10 @@ def align_by_expert(
     int32 [num_blocks], -1 for blocks past the last expert's group)."""
     flat = ids.flatten()
     num_slots = flat.numel()
-    counts = torch.bincount(flat, minlength=num_experts)
+    # scatter_add, not bincount: CUDA bincount reads the maximum back to the host (a sync
+    # that CUDA graph capture forbids).
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     starts = ends - padded
