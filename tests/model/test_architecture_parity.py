@@ -138,3 +138,19 @@ def test_every_architecture_is_served_by_an_installed_plugin(pm_all: Any) -> Non
     for arch in sorted({arch for _, arch, _ in VARIANTS}):
         assert arch in served
         assert pm_all.find_model_architecture(arch).architectures == (arch,)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "phi3-longrope", "gemma2", "gemma3", "qwen3-moe"])
+def test_bfloat16_runs_and_mostly_agrees(
+    name: str, pm_all: Any, model_dirs: dict[str, Path]
+) -> None:
+    """bf16 weights and activations (what a GPU runs): close to the float32 reference."""
+    model_dir = model_dirs[name]
+    prompt = _encode(model_dir, [PROMPTS[0]])[0]
+    runner = make_runner(pm_all, model_dir, dtype="bfloat16")
+    assert runner.kv_caches[0].dtype == torch.bfloat16
+    ours = _full_prompt_logits(runner, prompt)
+    with torch.no_grad():
+        theirs = hf_model(model_dir)(torch.tensor([prompt])).logits[0].float()
+    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.75
+    assert (ours - theirs).abs().max() < 0.15 * theirs.abs().max()
