@@ -256,8 +256,46 @@ def test_find_model_architecture_missing() -> None:
         register_model_architectures=[ModelArchitectureSpec("q", "m:A", architectures=("Q3",))],
     )
     pm = load(a)
-    with pytest.raises(PluginError, match="'LlamaForCausalLM'.*served: Q3"):
+    with pytest.raises(PluginError, match="'LlamaForCausalLM'.*installed architectures: Q3"):
         pm.find_model_architecture("LlamaForCausalLM")
+
+
+def test_missing_architecture_names_the_catalogue_plugins_for_it() -> None:
+    """One line: the installed architectures and registry.toml's plugins for the missing one."""
+    a = plugin(
+        "alpha",
+        register_model_architectures=[ModelArchitectureSpec("q", "m:A", architectures=("Q3",))],
+    )
+    entry = CatalogueEntry(
+        "moe",
+        "engine-moe",
+        "engine_moe.plugin",
+        "experimental",
+        {"model_architecture": ["mixtral"]},
+        architectures=("MixtralForCausalLM",),
+    )
+    pm = load(a, catalogue=Catalogue([entry]))
+    with pytest.raises(PluginError) as info:
+        pm.find_model_architecture("MixtralForCausalLM")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "installed architectures: Q3" in message
+    assert "registry.toml lists it in: moe (pip install engine-moe)" in message
+    with pytest.raises(PluginError, match="registry.toml knows no plugin for it"):
+        pm.find_model_architecture("FooForCausalLM")
+
+
+def test_real_catalogue_names_the_gemma_plugin() -> None:
+    """With the checkout's registry.toml and only engine-qwen3 loaded, Gemma 3 points at
+    engine-gemma's install command."""
+    import engine_qwen3.plugin
+
+    pm = PluginManager.load(extra_plugins=[engine_qwen3.plugin], discover=False, env={})
+    with pytest.raises(PluginError) as info:
+        pm.find_model_architecture("Gemma3ForCausalLM")
+    message = str(info.value)
+    assert "installed architectures: Qwen3ForCausalLM;" in message
+    assert "gemma (pip install -e " in message and "plugins/gemma)" in message
 
 
 def test_worker_args_and_plugin_objects() -> None:

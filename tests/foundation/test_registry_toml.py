@@ -80,3 +80,11 @@ def test_provides_matches_hooks(folder: Path) -> None:
     actual = {kind: sorted(names) for kind, names in report.provides().items()}
     listed = {kind: sorted(names) for kind, names in entry.provides.items()}
     assert actual == listed, f"registry.toml provides for {name!r} differs from its hooks"
+    served = sorted(
+        arch
+        for spec in report.specs.get("model_architecture", [])
+        for arch in getattr(spec, "architectures", ())
+    )
+    assert served == sorted(entry.architectures), (
+        f"registry.toml architectures for {name!r} differ from its specs' architectures"
+    )

@@ -33,3 +33,9 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def model_dirs(qwen3_dir: Path, llama_dir: Path) -> dict[str, Path]:
     return {"Qwen3ForCausalLM": qwen3_dir, "LlamaForCausalLM": llama_dir}
+
+
+@pytest.fixture(scope="session")
+def pm_all() -> PluginManager:
+    """Every installed plugin, discovered from entry points as `engine serve` does."""
+    return PluginManager.load(env={})

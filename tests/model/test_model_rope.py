@@ -66,7 +66,7 @@ def test_legacy_rope_scaling_with_type_key() -> None:
 
 def test_unsupported_rope_type_names_the_supported_ones() -> None:
     class Cfg:
-        rope_parameters = {"rope_type": "longrope", "rope_theta": 1.0}
+        rope_parameters = {"rope_type": "su", "rope_theta": 1.0}
 
-    with pytest.raises(ValueError, match="'longrope' is not supported; supported: default"):
+    with pytest.raises(ValueError, match="'su' is not supported; supported: default"):
         rope_parameters_from_config(Cfg(), head_dim=8)

@@ -39,6 +39,8 @@ class CatalogueEntry:
     sdk: str = ""
     hardware: tuple[str, ...] = ()
     description: str = ""
+    # HF ``config.json`` architecture names a model plugin serves (``Qwen2ForCausalLM``).
+    architectures: tuple[str, ...] = ()
 
     def install_command(self) -> str:
         """The command that installs this plugin (the source path for first-party ones)."""
@@ -64,6 +66,7 @@ class CatalogueEntry:
             "sdk": self.sdk,
             "hardware": list(self.hardware),
             "description": self.description,
+            "architectures": list(self.architectures),
             "install": self.install_command(),
         }
 
@@ -80,6 +83,9 @@ def _parse_entry(name: str, table: Mapping[str, Any], root: Path) -> CatalogueEn
         isinstance(v, list) and all(isinstance(n, str) for n in v) for v in provides.values()
     ):
         raise PluginError(f"{where}: provides must map a kind to a list of names")
+    architectures = table.get("architectures", [])
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise PluginError(f"{where}: architectures must be a list of config.json names")
     path = table.get("path")
     return CatalogueEntry(
         name=name,
@@ -91,6 +97,7 @@ def _parse_entry(name: str, table: Mapping[str, Any], root: Path) -> CatalogueEn
         sdk=str(table.get("sdk", "")),
         hardware=tuple(table.get("hardware", ())),
         description=str(table.get("description", "")),
+        architectures=tuple(architectures),
     )
 
 
@@ -138,6 +145,10 @@ class Catalogue:
     def providers_of(self, kind: str, name: str) -> list[CatalogueEntry]:
         """Entries whose ``provides[kind]`` lists ``name``."""
         return [e for e in self.entries.values() if name in e.provides.get(kind, [])]
+
+    def providers_of_architecture(self, architecture: str) -> list[CatalogueEntry]:
+        """Entries whose ``architectures`` list the HF architecture name."""
+        return [e for e in self.entries.values() if architecture in e.architectures]
 
     def install_hint(self, name: str) -> str:
         """How to install plugin ``name``, from the catalogue or the naming convention."""

@@ -306,11 +306,17 @@ class PluginManager:
         found = self.registry.architecture(arch)
         if found is None:
             known = ", ".join(self.registry.architectures()) or "none"
+            providers = self.catalogue.providers_of_architecture(arch)
+            if providers:
+                hint = "registry.toml lists it in: " + "; ".join(
+                    f"{e.name} ({e.install_hint()})" for e in providers
+                )
+            else:
+                hint = "registry.toml knows no plugin for it (`engine plugins list --available`)"
             raise PluginError(
                 f"no loaded plugin serves the model architecture {arch!r} (config.json "
-                f"'architectures'); served: {known}. Install a plugin for it "
-                "(`engine plugins list --available`) or check `engine plugins list` for "
-                "failed plugins"
+                f"'architectures'); installed architectures: {known}; {hint}; or check "
+                "`engine plugins list` for failed plugins"
             )
         model_cls: type[ModelArchitecture] = self.registry.resolve(
             "model_architecture", found[0].name

@@ -34,6 +34,8 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
             permuted_qk=False,
             defaults=(("use_sliding_window", False),),
         ),
+        # phi3: NEOX rope, fused attn_qkv and ffn_up (gate rows, then up rows).
+        GGUFArchitecture("phi3", "Phi3Config", "Phi3ForCausalLM", permuted_qk=False),
         GGUFArchitecture(
             "qwen3",
             "Qwen3Config",

@@ -10,6 +10,10 @@ attention.key_length                  head_dim (else hidden_size / heads)
 attention.layer_norm_rms_epsilon      rms_norm_eps
 context_length                        max_position_embeddings
 rope.freq_base, rope.scaling.*        rope_parameters (see ``rope.py``)
+rope_factors_long/short tensors       phi3: longrope short/long factors, with
+  rope.scaling.original_context_length,   original_max_position_embeddings,
+  rope.scaling.attn_factor                attention_factor
+rope.dimension_count < head_dim       partial_rotary_factor
 token_embd rows / vocab_size / tokens vocab_size
 no ``output.weight`` tensor           tie_word_embeddings = True
 """
@@ -50,10 +54,14 @@ def build_hf_config(gf: GGUFFile) -> transformers.PretrainedConfig:
         rms_norm_eps=tidy_float(gf.require_arch("attention.layer_norm_rms_epsilon")),
         max_position_embeddings=int(gf.require_arch("context_length")),
         rope_parameters=_rope_parameters(gf, head_dim),
+        **_partial_rotary(gf, head_dim),
         tie_word_embeddings="output.weight" not in gf.tensors,
         **_special_token_ids(gf),
         **_bias_flags(gf, arch),
     )
+    rope = kwargs["rope_parameters"]
+    if rope.get("rope_type") == "longrope":  # Phi3Config's own default (4096) would win
+        kwargs["original_max_position_embeddings"] = rope["original_max_position_embeddings"]
     config_class = getattr(transformers, arch.config_class)
     config: transformers.PretrainedConfig = config_class(**kwargs)
     return config
@@ -84,8 +92,39 @@ def _vocab_size(gf: GGUFFile) -> int:
     return int(size)
 
 
+def _partial_rotary(gf: GGUFFile, head_dim: int) -> dict[str, float]:
+    rotary_dim = gf.get_arch("rope.dimension_count")
+    if rotary_dim is None or int(rotary_dim) == head_dim:
+        return {}
+    return {"partial_rotary_factor": int(rotary_dim) / head_dim}
+
+
+def _longrope_parameters(gf: GGUFFile, rope_theta: float) -> dict[str, Any]:
+    """Phi-3's LongRoPE: the factor lists are tensors, the original context metadata."""
+    original = gf.get_arch("rope.scaling.original_context_length")
+    if original is None:
+        raise ValueError(
+            f"GGUF file {gf.path} has rope_factors_long but no "
+            f"{gf.arch_key('rope.scaling.original_context_length')}; re-convert it with a "
+            "recent llama.cpp convert_hf_to_gguf.py"
+        )
+    params: dict[str, Any] = {
+        "rope_type": "longrope",
+        "rope_theta": rope_theta,
+        "long_factor": [tidy_float(v) for v in read_tensor_f32(gf, "rope_factors_long.weight")],
+        "short_factor": [tidy_float(v) for v in read_tensor_f32(gf, "rope_factors_short.weight")],
+        "original_max_position_embeddings": int(original),
+    }
+    attn_factor = gf.get_arch("rope.scaling.attn_factor")
+    if attn_factor is not None:
+        params["attention_factor"] = tidy_float(attn_factor)
+    return params
+
+
 def _rope_parameters(gf: GGUFFile, head_dim: int) -> dict[str, Any]:
     rope_theta = tidy_float(gf.get_arch("rope.freq_base", 10000.0))
+    if "rope_factors_long.weight" in gf.tensors:
+        return _longrope_parameters(gf, rope_theta)
     scaling_type = gf.get_arch("rope.scaling.type")
     if "rope_freqs.weight" in gf.tensors and scaling_type in (None, "none"):
         divisors = read_tensor_f32(gf, "rope_freqs.weight")

@@ -51,7 +51,7 @@ def find_gguf_file(path: Path) -> Path | None:
 
 
 class GGUFFormat(ModelFormat):
-    """Loads a single-file GGUF checkpoint (llama, qwen2, qwen3), dequantizing on load."""
+    """Loads a single-file GGUF checkpoint (llama, phi3, qwen2, qwen3), dequantizing on load."""
 
     name: ClassVar[str] = "gguf"
 

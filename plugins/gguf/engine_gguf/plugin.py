@@ -15,7 +15,7 @@ def register_model_formats() -> list[ModelFormatSpec]:
         ModelFormatSpec(
             name="gguf",
             target="engine_gguf.format:GGUFFormat",
-            description="GGUF checkpoints (llama.cpp): llama, qwen2, qwen3; dequantized on load",
+            description="GGUF (llama.cpp): llama, phi3, qwen2, qwen3; dequantized on load",
             suffixes=(".gguf",),
         )
     ]

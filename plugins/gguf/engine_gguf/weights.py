@@ -59,7 +59,7 @@ def iter_hf_weights(
     for name in gf.tensors:
         if name in CONFIG_ONLY_TENSORS:
             continue
-        target = hf_name(name)
+        target = hf_name(name, gf.architecture)
         values = read_tensor_f32(gf, name)
         if permuted_qk and ".attn_q." in name:
             values = reverse_permute(values, num_heads)

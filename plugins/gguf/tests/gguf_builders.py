@@ -112,6 +112,11 @@ def _hf_tensors(spec: TinySpec, vocab_size: int, rng: np.random.Generator) -> di
         if spec.arch == "qwen3":
             out[p + "self_attn.q_norm.weight"] = 1 + rand(d)
             out[p + "self_attn.k_norm.weight"] = 1 + rand(d)
+        if spec.arch == "phi3":  # Phi-3 checkpoints fuse q/k/v and gate/up
+            qkv = [out.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"]
+            out[p + "self_attn.qkv_proj.weight"] = np.concatenate(qkv)
+            gate_up = [out.pop(p + f"mlp.{x}_proj.weight") for x in ("gate", "up")]
+            out[p + "mlp.gate_up_proj.weight"] = np.concatenate(gate_up)
     return out
 
 
@@ -120,6 +125,8 @@ _GGUF_NAMES = {
     "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output",
+    "self_attn.qkv_proj": "attn_qkv",
+    "mlp.gate_up_proj": "ffn_up",
     "self_attn.q_norm": "attn_q_norm",
     "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate",

@@ -22,6 +22,7 @@ Q = gguf.GGMLQuantizationType
 MODEL_CLASSES = {
     "llama": transformers.LlamaForCausalLM,
     "qwen2": transformers.Qwen2ForCausalLM,
+    "phi3": transformers.Phi3ForCausalLM,
     "qwen3": transformers.Qwen3ForCausalLM,
 }
 
@@ -89,10 +90,11 @@ def test_tiny_llama_config(tmp_path: Path) -> None:
         TinySpec(arch="llama", qtype=Q.F32, tied=False),
         TinySpec(arch="llama", qtype=Q.Q8_0),
         TinySpec(arch="qwen2", qtype=Q.F32),
+        TinySpec(arch="phi3", qtype=Q.F32, num_kv_heads=4),
         # qwen3: head_dim (24) != hidden_size / num_heads (16), from attention.key_length
         TinySpec(arch="qwen3", qtype=Q.F16, head_dim=24),
     ],
-    ids=["llama-untied", "llama-q8_0", "qwen2-bias", "qwen3-qknorm"],
+    ids=["llama-untied", "llama-q8_0", "qwen2-bias", "phi3-fused", "qwen3-qknorm"],
 )
 def test_tiny_model_logits_match_reference(tmp_path: Path, spec: TinySpec) -> None:
     tiny = write_tiny_gguf(tmp_path / "tiny.gguf", spec)
@@ -166,7 +168,7 @@ def test_generation_config_from_sampling_metadata(tmp_path: Path) -> None:
 
 def test_unsupported_architecture_is_a_clear_error(tmp_path: Path) -> None:
     tiny = write_tiny_gguf(tmp_path / "tiny.gguf", TinySpec(arch="gemma"))
-    with pytest.raises(ValueError, match="'gemma' is not supported.*llama, qwen2, qwen3"):
+    with pytest.raises(ValueError, match="'gemma' is not supported.*llama, phi3, qwen2, qwen3"):
         GGUFFormat(tiny.path).load_config()
 
 
@@ -175,3 +177,29 @@ def test_unknown_tensor_is_a_clear_error(tmp_path: Path) -> None:
     tiny = write_tiny_gguf(tmp_path / "tiny.gguf", TinySpec(), extra_tensors=extra)
     with pytest.raises(ValueError, match="'blk.0.attn_qkv.weight' has no Hugging Face"):
         dict(GGUFFormat(tiny.path).iter_weights(torch.float32))
+
+
+def test_phi3_longrope_and_partial_rotary_from_metadata(tmp_path: Path) -> None:
+    """Phi-3 LongRoPE: factor lists from tensors, original context and attn factor keys."""
+    long = np.linspace(1.0, 8.0, 6, dtype=np.float32)
+    short = np.linspace(1.0, 1.5, 6, dtype=np.float32)
+    spec = TinySpec(
+        arch="phi3",
+        num_kv_heads=4,
+        extra_metadata={
+            "phi3.rope.dimension_count": 12,
+            "phi3.rope.scaling.original_context_length": 64,
+            "phi3.rope.scaling.attn_factor": 1.25,
+        },
+    )
+    extra = {"rope_factors_long.weight": long, "rope_factors_short.weight": short}
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", spec, extra_tensors=extra)
+    _, config, weights = _load(tiny)
+    rope = config.rope_parameters
+    assert rope["rope_type"] == "longrope"
+    assert rope["original_max_position_embeddings"] == 64
+    assert rope["attention_factor"] == 1.25
+    assert rope["long_factor"] == pytest.approx(long.tolist())
+    assert rope["short_factor"] == pytest.approx(short.tolist())
+    assert config.partial_rotary_factor == 0.75  # 12 of head_dim 16
+    assert not any("rope_factors" in name for name in weights)

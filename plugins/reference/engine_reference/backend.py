@@ -11,6 +11,9 @@ A sequence with ``seq_len`` tokens and ``query_len`` new ones attends with the m
     query row j (position context + j) sees key k  iff  k <= context + j
                                           (and k > context + j - sliding_window)
 
+With ``logits_soft_cap`` (Gemma 2) the scores are ``cap * tanh(q.k * scale / cap)``, computed
+explicitly (SDPA has no soft cap) with the softmax in float32, as transformers' eager path.
+
 An fp8 cache (``float8_e4m3fn`` / ``float8_e5m2``) is written as ``clamp(x / scale)`` cast
 to fp8 (through a ``uint8`` view: CPU torch has no fp8 ``index_copy_``) and read back as
 ``float(stored) * scale`` in the query dtype, with the layer's ``kv_scales``.
@@ -94,6 +97,23 @@ class ReferenceAttentionBackend(AttentionBackend):
             mask &= key_pos.unsqueeze(-2) > query_pos.unsqueeze(-1) - window
         return mask
 
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """q [B, H, Lq, D], k/v [B, KVH, Lk, D], mask bool broadcastable to [B, H, Lq, Lk]."""
+        cap = self.config.logits_soft_cap
+        if cap is None:
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=self.config.scale, enable_gqa=True
+            )
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.config.scale
+        scores = torch.tanh(scores / cap) * cap
+        scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(probs, v)
+
     def _gather(self, cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
         """[num_blocks_used, block_size, kv_heads, head_dim] -> [tokens, kv_heads, head_dim]."""
         gathered = cache[block_ids]
@@ -120,13 +140,11 @@ class ReferenceAttentionBackend(AttentionBackend):
             device = query.device
             query_pos = torch.arange(context, seq_len, device=device)
             mask = self._mask(query_pos, torch.arange(seq_len, device=device))
-            attn = F.scaled_dot_product_attention(
+            attn = self._attend(
                 query[start:end].transpose(0, 1).unsqueeze(0),
                 k.transpose(0, 1).unsqueeze(0),
                 v.transpose(0, 1).unsqueeze(0),
-                attn_mask=mask,
-                scale=self.config.scale,
-                enable_gqa=True,
+                mask,
             )
             out[start:end] = attn.squeeze(0).transpose(0, 1)
         return out
@@ -149,13 +167,8 @@ class ReferenceAttentionBackend(AttentionBackend):
         # so a NaN cannot leak through the additive mask or a zero probability.
         hidden = ~mask[:, 0, :, None, None]
         k, v = k.masked_fill(hidden, 0), v.masked_fill(hidden, 0)
-        attn = F.scaled_dot_product_attention(
-            query[:num_seqs].unsqueeze(2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            attn_mask=mask.unsqueeze(1),
-            scale=self.config.scale,
-            enable_gqa=True,
+        attn = self._attend(
+            query[:num_seqs].unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), mask.unsqueeze(1)
         )
         out = torch.zeros_like(query)
         out[:num_seqs] = attn.squeeze(2)

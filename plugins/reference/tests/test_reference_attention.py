@@ -10,16 +10,37 @@ from engine_reference.backend import ReferenceAttentionBackend
 from engine_sdk.testing.attention import (
     ATTENTION_CASES,
     FP8_ATTENTION_CASES,
+    MODEL_FEATURE_ATTENTION_CASES,
     AttentionCase,
     SeqSpec,
     dense_causal_attention,
     run_attention_case,
+    run_feature_case,
 )
 
 
 @pytest.mark.parametrize("case", ATTENTION_CASES, ids=lambda c: c.name)
 def test_conformance_float32(case: AttentionCase) -> None:
     run_attention_case(ReferenceAttentionBackend, case, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", MODEL_FEATURE_ATTENTION_CASES, ids=lambda c: c.name)
+def test_model_feature_cases_are_computed(case: AttentionCase, dtype: torch.dtype) -> None:
+    assert run_feature_case(ReferenceAttentionBackend, case, dtype=dtype) is None  # no refusal
+
+
+def test_soft_cap_changes_the_output() -> None:
+    """The soft-cap case really depends on the cap: without it the reference mismatches."""
+    case = MODEL_FEATURE_ATTENTION_CASES[0]
+    assert case.logits_soft_cap is not None
+
+    class Uncapped(ReferenceAttentionBackend):
+        def __init__(self, config):  # type: ignore[no-untyped-def]
+            super().__init__(dataclasses.replace(config, logits_soft_cap=None))
+
+    with pytest.raises(AssertionError, match="max abs error"):
+        run_attention_case(Uncapped, case)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

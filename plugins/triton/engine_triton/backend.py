@@ -150,6 +150,7 @@ class TritonAttentionBackend(AttentionBackend):
                 DOT_PRECISION=precision,
                 FP8=fp8,
                 WINDOW=cfg.sliding_window or 0,
+                SOFT_CAP=float(cfg.logits_soft_cap or 0.0),
                 num_warps=metadata.num_warps,
             )
         return out.view(num_tokens, cfg.num_heads * cfg.head_dim)

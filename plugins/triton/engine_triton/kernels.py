@@ -100,6 +100,7 @@ def paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     FP8: tl.constexpr = False,
     WINDOW: tl.constexpr = 0,  # sliding window in tokens (0: none): key pos > query pos - WINDOW
+    SOFT_CAP: tl.constexpr = 0.0,  # Gemma 2 logit soft cap (0: none): cap * tanh(s / cap)
 ):
     work = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -152,6 +153,9 @@ def paged_attention_kernel(
         v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
 
         s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
+        if SOFT_CAP > 0.0:  # s is in log2 units here: cap in those units, tanh = 2 sig(2x) - 1
+            cap2 = SOFT_CAP * 1.4426950408889634
+            s = cap2 * (2.0 * tl.sigmoid(2.0 * s / cap2) - 1.0)
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
         if WINDOW > 0:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - WINDOW)

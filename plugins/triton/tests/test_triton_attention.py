@@ -10,9 +10,11 @@ from engine_sdk.interfaces.attention import AttentionBatch, AttentionLayerConfig
 from engine_sdk.testing.attention import (
     ATTENTION_CASES,
     FP8_ATTENTION_CASES,
+    MODEL_FEATURE_ATTENTION_CASES,
     AttentionCase,
     SeqSpec,
     run_attention_case,
+    run_feature_case,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -140,6 +142,15 @@ def test_conformance(case):
 
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     run_attention_case(TritonAttentionBackend, case, device=DEVICE, dtype=dtype)
+
+
+@pytest.mark.parametrize("case", MODEL_FEATURE_ATTENTION_CASES, ids=lambda c: c.name)
+def test_model_feature_cases_are_computed(case):
+    """Soft cap, head_dim 96 / 256, Gemma's local and global layers: computed, not refused."""
+    from engine_triton.backend import TritonAttentionBackend
+
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    assert run_feature_case(TritonAttentionBackend, case, device=DEVICE, dtype=dtype) is None
 
 
 @pytest.mark.parametrize("case", FP8_ATTENTION_CASES, ids=lambda c: c.name)

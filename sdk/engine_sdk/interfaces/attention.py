@@ -52,6 +52,9 @@ class AttentionLayerConfig:
     dtype: torch.dtype
     kv_cache_dtype: str = "auto"
     sliding_window: int | None = None
+    # Gemma 2: scores become ``cap * tanh(scores / cap)`` (after ``scale``) before softmax.
+    # A backend that cannot apply it raises ``ValueError`` naming ``logits_soft_cap``.
+    logits_soft_cap: float | None = None
 
 
 @dataclass

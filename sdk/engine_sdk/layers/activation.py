@@ -1,4 +1,8 @@
-"""Gated MLP: ``down(silu(gate(x)) * up(x))``, the Llama / Qwen feed-forward block."""
+"""Gated MLP: ``down(act(gate(x)) * up(x))``, the Llama / Qwen / Gemma feed-forward block.
+
+``act`` is SiLU (Llama, Qwen, Phi-3, Mistral: fused on CUDA) or GELU with the tanh
+approximation (Gemma's ``gelu_pytorch_tanh``).
+"""
 
 from __future__ import annotations
 
@@ -12,13 +16,31 @@ from engine_sdk.layers.linear import Linear, merge_linears
 if TYPE_CHECKING:
     from engine_sdk.interfaces.quantization import QuantizationConfig
 
-__all__ = ["GatedMLP", "silu_and_mul"]
+__all__ = ["GATED_ACTIVATIONS", "GatedMLP", "act_and_mul", "check_gated_activation", "silu_and_mul"]
+
+# HF ``hidden_act`` / ``hidden_activation`` names a gated MLP computes.
+GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_tanh")
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if fused_ops.enabled(gate):
         return fused_ops.silu_and_mul(gate, up)
     return torch.nn.functional.silu(gate) * up
+
+
+def check_gated_activation(hidden_act: str) -> None:
+    if hidden_act not in GATED_ACTIVATIONS:
+        raise ValueError(
+            f"hidden_act {hidden_act!r} is not supported by the gated MLP; supported: "
+            f"{', '.join(GATED_ACTIVATIONS)}"
+        )
+
+
+def act_and_mul(gate: torch.Tensor, up: torch.Tensor, hidden_act: str = "silu") -> torch.Tensor:
+    """``act(gate) * up`` for a name of ``GATED_ACTIVATIONS``."""
+    if hidden_act == "silu":
+        return silu_and_mul(gate, up)
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
 
 
 class GatedMLP(torch.nn.Module):
@@ -35,8 +57,8 @@ class GatedMLP(torch.nn.Module):
         params_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if hidden_act != "silu":
-            raise ValueError(f"hidden_act {hidden_act!r} is not supported; only 'silu' is")
+        check_gated_activation(hidden_act)
+        self.hidden_act = hidden_act
 
         def linear(name: str, n_in: int, n_out: int) -> Linear:
             return Linear(n_in, n_out, bias, quant_config, f"{prefix}.{name}", params_dtype)
@@ -53,12 +75,15 @@ class GatedMLP(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
             gate_up = self.gate_up_proj(x)
-            if fused_ops.enabled(gate_up):
+            if self.hidden_act != "silu":
+                gate, up = gate_up.chunk(2, dim=-1)
+                hidden = act_and_mul(gate, up, self.hidden_act)
+            elif fused_ops.enabled(gate_up):
                 hidden = fused_ops.silu_and_mul_merged(gate_up)
             else:
                 gate, up = gate_up.chunk(2, dim=-1)
                 hidden = torch.nn.functional.silu(gate) * up
         else:
-            hidden = silu_and_mul(self.gate_proj(x), self.up_proj(x))
+            hidden = act_and_mul(self.gate_proj(x), self.up_proj(x), self.hidden_act)
         out: torch.Tensor = self.down_proj(hidden)
         return out

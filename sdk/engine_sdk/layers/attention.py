@@ -34,6 +34,7 @@ class Attention(torch.nn.Module):
         scale: float | None = None,
         sliding_window: int | None = None,
         prefix: str = "",
+        logits_soft_cap: float | None = None,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads != 0:
@@ -54,6 +55,7 @@ class Attention(torch.nn.Module):
             dtype=ctx.dtype,
             kv_cache_dtype=ctx.kv_cache_dtype,
             sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap,
         )
         self.backend: AttentionBackend = ctx.make_attention(self.config)
 

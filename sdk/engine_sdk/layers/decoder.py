@@ -36,7 +36,7 @@ from engine_sdk.layers.parallel import (
 )
 from engine_sdk.layers.rotary import RotaryEmbedding, apply_rotary, rope_parameters_from_config
 
-__all__ = ["DecoderForCausalLM", "DecoderOptions", "head_dim_of"]
+__all__ = ["DecoderAttention", "DecoderForCausalLM", "DecoderOptions", "head_dim_of"]
 
 # Checkpoint tensors that are not parameters (recomputed buffers in old exports).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
@@ -49,6 +49,8 @@ class DecoderOptions:
     qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before rope
     attention_bias: bool | None = None  # config.attention_bias (default False)
     mlp_bias: bool | None = None  # config.mlp_bias (default False)
+    # Qwen2: bias on q/k/v only. None: o_proj follows the attention bias.
+    o_proj_bias: bool | None = None
 
 
 def head_dim_of(hf_config: Any) -> int:
@@ -78,6 +80,7 @@ class DecoderAttention(torch.nn.Module):
         self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.num_heads)
         self.head_dim = head_dim_of(cfg)
         bias = _flag(options.attention_bias, cfg, "attention_bias")
+        o_bias = bias if options.o_proj_bias is None else options.o_proj_bias
         hidden, q_size = int(cfg.hidden_size), self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         tp = current_tensor_parallel()
@@ -85,7 +88,7 @@ class DecoderAttention(torch.nn.Module):
             self.q_proj = Linear(hidden, q_size, bias, quant, f"{prefix}.q_proj", dtype)
             self.k_proj = Linear(hidden, kv_size, bias, quant, f"{prefix}.k_proj", dtype)
             self.v_proj = Linear(hidden, kv_size, bias, quant, f"{prefix}.v_proj", dtype)
-            self.o_proj = Linear(q_size, hidden, bias, quant, f"{prefix}.o_proj", dtype)
+            self.o_proj = Linear(q_size, hidden, o_bias, quant, f"{prefix}.o_proj", dtype)
         else:  # this rank's heads: q/k/v column-parallel, o_proj row-parallel
             shards = shard_attention_heads(self.num_heads, self.num_kv_heads, tp)
             self.num_heads, self.num_kv_heads = shards.num_heads, shards.num_kv_heads
@@ -100,22 +103,31 @@ class DecoderAttention(torch.nn.Module):
                 hidden, kv_size, bias, quant, f"{prefix}.v_proj", dtype, tp=tp, **kv_shard
             )
             self.o_proj = RowParallelLinear(
-                q_size, hidden, bias, quant, f"{prefix}.o_proj", dtype, tp=tp
+                q_size, hidden, o_bias, quant, f"{prefix}.o_proj", dtype, tp=tp
             )
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if options.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype)
-        self.attn = Attention(
+            self.q_norm = self.make_norm(self.head_dim, cfg.rms_norm_eps, dtype)
+            self.k_norm = self.make_norm(self.head_dim, cfg.rms_norm_eps, dtype)
+        self.attn = self.make_attention(ctx, layer_idx, f"{prefix}.attn")
+        self.qkv_proj: Linear | None = None  # set by merge_projections()
+
+    def make_norm(self, size: int, eps: float, dtype: torch.dtype) -> RMSNorm:
+        """The q/k norm; a subclass returns its own RMSNorm variant (Gemma's ``1 + w``)."""
+        return RMSNorm(size, eps, dtype)
+
+    def make_attention(self, ctx: ModelContext, layer_idx: int, prefix: str) -> Attention:
+        """This layer's attention (this rank's heads); a subclass sets its own scale, soft
+        cap or window (Gemma's ``query_pre_attn_scalar``)."""
+        return Attention(
             ctx,
             self.num_heads,
             self.num_kv_heads,
             self.head_dim,
-            sliding_window=_sliding_window(cfg, layer_idx),
-            prefix=f"{prefix}.attn",
+            sliding_window=_sliding_window(ctx.hf_config, layer_idx),
+            prefix=prefix,
         )
-        self.qkv_proj: Linear | None = None  # set by merge_projections()
 
     def _fuse_qkv_epilogue(self, hidden_states: torch.Tensor, cos: torch.Tensor) -> bool:
         """The q/k norm, rope and split as one kernel: CUDA (fused ops on), rope over the
@@ -176,21 +188,26 @@ class DecoderLayer(torch.nn.Module):
         super().__init__()
         cfg, dtype = ctx.hf_config, ctx.dtype
         self.self_attn = DecoderAttention(ctx, options, layer_idx, f"{prefix}.self_attn")
-        tp = current_tensor_parallel()
+        self.mlp: torch.nn.Module = self.make_mlp(ctx, options, layer_idx, f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
+
+    def make_mlp(
+        self, ctx: ModelContext, options: DecoderOptions, layer_idx: int, prefix: str
+    ) -> torch.nn.Module:
+        """The feed-forward block ``x -> x``; a subclass returns a mixture of experts."""
+        cfg = ctx.hf_config
         mlp_args = (
             int(cfg.hidden_size),
             int(cfg.intermediate_size),
             getattr(cfg, "hidden_act", "silu"),
             _flag(options.mlp_bias, cfg, "mlp_bias"),
             ctx.quant_config,
-            f"{prefix}.mlp",
-            dtype,
+            prefix,
+            ctx.dtype,
         )
-        self.mlp: GatedMLP | ParallelGatedMLP = (
-            GatedMLP(*mlp_args) if tp is None else ParallelGatedMLP(*mlp_args, tp=tp)
-        )
-        self.input_layernorm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
-        self.post_attention_layernorm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
+        tp = current_tensor_parallel()
+        return GatedMLP(*mlp_args) if tp is None else ParallelGatedMLP(*mlp_args, tp=tp)
 
     def forward(
         self,
@@ -213,7 +230,13 @@ class DecoderLayer(torch.nn.Module):
 
 
 class DecoderModel(torch.nn.Module):
-    def __init__(self, ctx: ModelContext, options: DecoderOptions, prefix: str = "model"):
+    def __init__(
+        self,
+        ctx: ModelContext,
+        options: DecoderOptions,
+        prefix: str = "model",
+        layer_cls: type[DecoderLayer] = DecoderLayer,
+    ):
         super().__init__()
         cfg, dtype = ctx.hf_config, ctx.dtype
         self.dtype = dtype
@@ -227,7 +250,7 @@ class DecoderModel(torch.nn.Module):
             )
         )
         self.layers = torch.nn.ModuleList(
-            DecoderLayer(ctx, options, i, f"{prefix}.layers.{i}")
+            layer_cls(ctx, options, i, f"{prefix}.layers.{i}")
             for i in range(int(cfg.num_hidden_layers))
         )
         self.norm = RMSNorm(int(cfg.hidden_size), cfg.rms_norm_eps, dtype)
@@ -258,13 +281,15 @@ class DecoderForCausalLM(ModelArchitecture):
     """A Llama-style causal LM; subclasses set ``architectures`` and ``options``."""
 
     options: ClassVar[DecoderOptions] = DecoderOptions()
+    # The block; a subclass overriding ``DecoderLayer.make_mlp`` (MoE models) sets its own.
+    layer_cls: ClassVar[type[DecoderLayer]] = DecoderLayer
     # Builds per-rank shards inside ``engine_sdk.layers.parallel.tensor_parallel``.
     supports_tensor_parallel: ClassVar[bool] = True
 
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__(ctx)
         cfg = ctx.hf_config
-        self.model = DecoderModel(ctx, self.options, "model")
+        self.model = DecoderModel(ctx, self.options, "model", self.layer_cls)
         tp = current_tensor_parallel()
         vocab, hidden = int(cfg.vocab_size), int(cfg.hidden_size)
         self.lm_head = (

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine_sdk.layers.activation import silu_and_mul
+from engine_sdk.layers.activation import act_and_mul, check_gated_activation
 from engine_sdk.layers.embedding import LMHead, VocabEmbedding
 from engine_sdk.layers.linear import Linear
 
@@ -257,8 +257,8 @@ class ParallelGatedMLP(torch.nn.Module):
         tp: TensorParallelGroup,
     ) -> None:
         super().__init__()
-        if hidden_act != "silu":
-            raise ValueError(f"hidden_act {hidden_act!r} is not supported; only 'silu' is")
+        check_gated_activation(hidden_act)
+        self.hidden_act = hidden_act
         args = (bias, quant_config)
         self.gate_proj = ColumnParallelLinear(
             hidden_size, intermediate_size, *args, f"{prefix}.gate_proj", params_dtype, tp=tp
@@ -271,7 +271,8 @@ class ParallelGatedMLP(torch.nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+        hidden = act_and_mul(self.gate_proj(x), self.up_proj(x), self.hidden_act)
+        out: torch.Tensor = self.down_proj(hidden)
         return out
 
 

@@ -1,4 +1,5 @@
-"""Rotary position embedding with the Hugging Face rope types (default, linear, llama3, yarn).
+"""Rotary position embedding with the Hugging Face rope types (default, linear, llama3, yarn,
+longrope).
 
 Frequencies are computed exactly as ``transformers.modeling_rope_utils`` does, and cos/sin
 are computed per step from the positions in float32, then cast to the activation dtype, as
@@ -28,7 +29,7 @@ __all__ = [
     "rope_parameters_from_config",
 ]
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def rope_parameters_from_config(hf_config: Any, head_dim: int) -> RopeParameters
     theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
     partial = params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", None))
     max_pos = int(getattr(hf_config, "max_position_embeddings", 2048))
-    if rope_type in ("llama3", "yarn"):
+    if rope_type in ("llama3", "yarn", "longrope"):
         params.setdefault(
             "original_max_position_embeddings",
             getattr(hf_config, "original_max_position_embeddings", max_pos),
@@ -142,6 +143,30 @@ def _yarn_inv_freq(rope: RopeParameters) -> tuple[torch.Tensor, float]:
     return inv_freq, float(attention_factor)
 
 
+def _longrope_inv_freq(rope: RopeParameters, which: str) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Phi-3): per-frequency divisors ``short_factor`` / ``long_factor``, and
+    cos/sin scaled by ``sqrt(1 + ln(factor) / ln(original_max))`` (or ``attention_factor``)."""
+    p = rope.params
+    original_max = int(p["original_max_position_embeddings"])
+    factor = p.get("factor")
+    if factor is None:
+        factor = rope.max_position_embeddings / original_max
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original_max))
+        )
+    ext = torch.tensor(p[which], dtype=torch.float32, device="cpu")
+    dim = rope.rotary_dim
+    if ext.numel() != dim // 2:
+        raise ValueError(
+            f"rope_scaling.{which} has {ext.numel()} entries; a rotary dimension of {dim} "
+            f"needs {dim // 2}"
+        )
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+    return 1.0 / (ext * rope.rope_theta**exponent), float(attention_factor)
+
+
 def compute_inv_freq(rope: RopeParameters) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [rotary_dim / 2] (float32) and the cos/sin scaling factor.
 
@@ -157,6 +182,8 @@ def compute_inv_freq(rope: RopeParameters) -> tuple[torch.Tensor, float]:
         return _llama3_inv_freq(rope), 1.0
     if rope.rope_type == "yarn":
         return _yarn_inv_freq(rope)
+    if rope.rope_type == "longrope":
+        return _longrope_inv_freq(rope, "short_factor")
     raise ValueError(f"rope type {rope.rope_type!r} is not supported")
 
 
@@ -180,9 +207,14 @@ class RotaryEmbedding(torch.nn.Module):
     """Rope for query and key tensors shaped [num_tokens, num_heads, head_dim].
 
     A model computes ``cos_sin`` once per step and calls ``apply_rotary`` in every layer.
+
+    LongRoPE switches from the short to the long factors for the whole step when any
+    position reaches ``original_max_position_embeddings``, as transformers (per forward)
+    and vLLM (per batch) do; the choice is made on the device, without a host sync.
     """
 
     inv_freq: torch.Tensor
+    long_inv_freq: torch.Tensor | None
 
     def __init__(self, rope: RopeParameters) -> None:
         super().__init__()
@@ -192,10 +224,21 @@ class RotaryEmbedding(torch.nn.Module):
         inv_freq = inv_freq.to(torch.get_default_device())
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention_scaling = scaling
+        long_inv_freq: torch.Tensor | None = None
+        self.original_max = 0
+        if rope.rope_type == "longrope":
+            long_inv_freq, _ = _longrope_inv_freq(rope, "long_factor")
+            long_inv_freq = long_inv_freq.to(torch.get_default_device())
+            self.original_max = int(rope.params["original_max_position_embeddings"])
+        self.register_buffer("long_inv_freq", long_inv_freq, persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """cos and sin [num_tokens, 1, rotary_dim] in ``dtype`` (computed in float32)."""
-        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        inv_freq = self.inv_freq
+        if self.long_inv_freq is not None:
+            is_long = (positions >= self.original_max).any()
+            inv_freq = torch.where(is_long, self.long_inv_freq, self.inv_freq)
+        freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.attention_scaling).to(dtype)
         sin = (emb.sin() * self.attention_scaling).to(dtype)

@@ -7,6 +7,12 @@ cover single-step prefill, chunked prefill, decode (batched and mixed with prefi
 prefix shared through the block table (its K/V written by another sequence), GQA / MQA /
 MHA, padding tokens (slot -1) and sliding windows.
 
+``MODEL_FEATURE_ATTENTION_CASES`` are what Gemma and Phi-3 layers need: logit soft-capping,
+a scale other than ``head_dim ** -0.5`` (``query_pre_attn_scalar``), head_dim 96 and 256,
+and the sliding-window and global layers of one model (each layer has its own config, so
+its own window). ``run_feature_case`` accepts a backend that refuses a case at construction
+with a ``ValueError`` naming the case's ``feature``; anything else must match.
+
 ``FP8_ATTENTION_CASES`` run the same steps with an fp8 KV cache (``kv_cache_dtype`` fp8,
 per-layer ``k_scale`` / ``v_scale`` set through ``AttentionBackend.set_kv_scales``). Their
 reference uses K and V rounded the way the cache stores them
@@ -46,12 +52,14 @@ from engine_sdk.interfaces.attention import (
 __all__ = [
     "ATTENTION_CASES",
     "FP8_ATTENTION_CASES",
+    "MODEL_FEATURE_ATTENTION_CASES",
     "AttentionCase",
     "SeqSpec",
     "check_attention_backend",
     "dense_causal_attention",
     "fake_quantize_kv",
     "run_attention_case",
+    "run_feature_case",
 ]
 
 
@@ -83,6 +91,9 @@ class AttentionCase:
     kv_cache_dtype: str = "auto"  # or an fp8 name of FP8_KV_CACHE_DTYPES
     k_scale: float = 1.0  # fp8 cache scales (real = stored * scale)
     v_scale: float = 1.0
+    logits_soft_cap: float | None = None
+    scale: float | None = None  # None: head_dim ** -0.5
+    feature: str = ""  # the AttentionLayerConfig field a backend may refuse this case by
 
     @property
     def num_steps(self) -> int:
@@ -159,6 +170,47 @@ FP8_ATTENTION_CASES: tuple[AttentionCase, ...] = (
     ),
 )
 
+# Soft caps small enough that the tanh bends the random (std ~1) scores.
+MODEL_FEATURE_ATTENTION_CASES: tuple[AttentionCase, ...] = (
+    AttentionCase(
+        "soft_cap",
+        (SeqSpec((21, 6, 1, 1)), SeqSpec((0, 9, 1, 1))),
+        logits_soft_cap=1.5,
+        feature="logits_soft_cap",
+    ),
+    AttentionCase(
+        "head_dim_96",
+        (SeqSpec((19, 5, 1)), SeqSpec((3, 1, 1))),
+        num_heads=4,
+        num_kv_heads=4,
+        head_dim=96,
+        feature="head_dim",
+    ),
+    # A Gemma 2 local layer: head_dim 256, window, soft cap, query_pre_attn_scalar 224.
+    AttentionCase(
+        "gemma_local_layer",
+        (SeqSpec((30, 9, 1, 1)), SeqSpec((5, 1, 1, 1))),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=256,
+        sliding_window=8,
+        logits_soft_cap=2.0,
+        scale=224**-0.5,
+        feature="head_dim",
+    ),
+    # ... and its global layer: the same shapes, no window.
+    AttentionCase(
+        "gemma_global_layer",
+        (SeqSpec((30, 9, 1, 1)), SeqSpec((5, 1, 1, 1))),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=256,
+        logits_soft_cap=2.0,
+        scale=224**-0.5,
+        feature="head_dim",
+    ),
+)
+
 _TOLERANCES = {torch.float32: 2e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 
@@ -168,6 +220,7 @@ def dense_causal_attention(
     v: torch.Tensor,
     scale: float,
     sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Plain causal attention in float64. q [L, H, D], k/v [L, KVH, D] -> [L, H, D]."""
     num_heads, num_kv_heads = q.shape[1], k.shape[1]
@@ -176,6 +229,8 @@ def dense_causal_attention(
     k64 = k.double().repeat_interleave(rep, dim=1).transpose(0, 1)
     v64 = v.double().repeat_interleave(rep, dim=1).transpose(0, 1)
     scores = q64 @ k64.transpose(1, 2) * scale
+    if logits_soft_cap is not None:
+        scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
     pos = torch.arange(q.shape[0], device=q.device)
     allowed = pos[None, :] <= pos[:, None]
     if sliding_window is not None:
@@ -305,7 +360,7 @@ def _expected_output(
     if case.kv_cache_dtype != "auto":
         k = fake_quantize_kv(k, case.k_scale, cache_dtype)
         v = fake_quantize_kv(v, case.v_scale, cache_dtype)
-    return dense_causal_attention(seq.q, k, v, scale, case.sliding_window)
+    return dense_causal_attention(seq.q, k, v, scale, case.sliding_window, case.logits_soft_cap)
 
 
 def run_attention_case(
@@ -319,7 +374,7 @@ def run_attention_case(
     """Run ``case`` through ``backend_cls``; raise ``AssertionError`` on the first mismatch."""
     gen = torch.Generator().manual_seed(seed)
     tol = tolerance if tolerance is not None else _TOLERANCES[dtype]
-    scale = case.head_dim**-0.5
+    scale = case.scale if case.scale is not None else case.head_dim**-0.5
     config = AttentionLayerConfig(
         num_heads=case.num_heads,
         num_kv_heads=case.num_kv_heads,
@@ -329,6 +384,7 @@ def run_attention_case(
         dtype=dtype,
         kv_cache_dtype=case.kv_cache_dtype,
         sliding_window=case.sliding_window,
+        logits_soft_cap=case.logits_soft_cap,
     )
     backend = backend_cls(config)
     cache_dtype = _cache_dtype(case, dtype)
@@ -366,6 +422,25 @@ def run_attention_case(
                 f"> {tol:g}"
             )
             seq.num_computed += n
+
+
+def run_feature_case(
+    backend_cls: type[AttentionBackend],
+    case: AttentionCase,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> str | None:
+    """Run a ``MODEL_FEATURE_ATTENTION_CASES`` case: ``None`` when it matched, the refusal
+    message when the backend refused it at construction by a ``ValueError`` naming
+    ``case.feature``; a refusal that does not name it, or a mismatch, raises."""
+    try:
+        run_attention_case(backend_cls, case, device, dtype, seed)
+    except ValueError as exc:
+        if case.feature and case.feature in str(exc):
+            return str(exc)
+        raise
+    return None
 
 
 def check_attention_backend(

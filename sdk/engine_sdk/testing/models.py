@@ -22,6 +22,11 @@ MODEL_TYPES = {
     "Qwen2ForCausalLM": "qwen2",
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
+    "Phi3ForCausalLM": "phi3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
 }
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")

@@ -1,0 +1,1 @@
+"""engine-gemma: the Gemma2ForCausalLM and Gemma3ForCausalLM (text) architectures."""

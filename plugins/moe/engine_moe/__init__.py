@@ -1,0 +1,1 @@
+"""engine-moe: mixture-of-experts architectures (Qwen3MoeForCausalLM, MixtralForCausalLM)."""

@@ -1,0 +1,1 @@
+"""engine-qwen2: the Qwen2ForCausalLM model architecture (Qwen2, Qwen2.5)."""
