@@ -161,10 +161,8 @@ class _GemmaForCausalLM(DecoderForCausalLM):
 
 
 class Gemma2ForCausalLM(_GemmaForCausalLM):
-    architectures: ClassVar[tuple[str, ...]] = ("Gemma2ForCausalLM",)
     options: ClassVar[DecoderOptions] = DecoderOptions(mlp_bias=False)
 
 
 class Gemma3ForCausalLM(_GemmaForCausalLM):
-    architectures: ClassVar[tuple[str, ...]] = ("Gemma3ForCausalLM",)
     options: ClassVar[DecoderOptions] = DecoderOptions(qk_norm=True, mlp_bias=False)

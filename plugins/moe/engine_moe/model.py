@@ -155,13 +155,11 @@ class _MoeForCausalLM(DecoderForCausalLM):
 
 
 class Qwen3MoeForCausalLM(_MoeForCausalLM):
-    architectures: ClassVar[tuple[str, ...]] = ("Qwen3MoeForCausalLM",)
     options: ClassVar[DecoderOptions] = DecoderOptions(qk_norm=True)
     layer_cls: ClassVar[type[DecoderLayer]] = Qwen3MoeDecoderLayer
 
 
 class MixtralForCausalLM(_MoeForCausalLM):
-    architectures: ClassVar[tuple[str, ...]] = ("MixtralForCausalLM",)
     options: ClassVar[DecoderOptions] = DecoderOptions(attention_bias=False, mlp_bias=False)
     layer_cls: ClassVar[type[DecoderLayer]] = MixtralDecoderLayer
     block_renames: ClassVar[tuple[tuple[str, str], ...]] = ((".block_sparse_moe.", ".mlp."),)

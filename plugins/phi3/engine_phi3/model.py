@@ -25,7 +25,6 @@ _GATE_UP = ".mlp.gate_up_proj."
 
 
 class Phi3ForCausalLM(DecoderForCausalLM):
-    architectures: ClassVar[tuple[str, ...]] = ("Phi3ForCausalLM",)
     options: ClassVar[DecoderOptions] = DecoderOptions(attention_bias=False, mlp_bias=False)
 
     def _split_fused(

@@ -13,7 +13,6 @@ from engine_sdk.layers.decoder import DecoderForCausalLM, DecoderOptions
 
 
 class Qwen2ForCausalLM(DecoderForCausalLM):
-    architectures: ClassVar[tuple[str, ...]] = ("Qwen2ForCausalLM",)
     options: ClassVar[DecoderOptions] = DecoderOptions(
         attention_bias=True, o_proj_bias=False, mlp_bias=False
     )

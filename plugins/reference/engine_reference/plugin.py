@@ -16,6 +16,7 @@ def register_attention_backends() -> list[AttentionBackendSpec]:
             dtypes=("float32", "float16", "bfloat16"),
             block_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),
             kv_cache_dtypes=("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+            supports_logits_soft_cap=True,
             priority=0,
         )
     ]

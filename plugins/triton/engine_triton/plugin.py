@@ -16,6 +16,7 @@ def register_attention_backends() -> list[AttentionBackendSpec]:
             dtypes=("float16", "bfloat16", "float32"),
             block_sizes=(16, 32, 64),
             kv_cache_dtypes=("auto", "fp8", "fp8_e4m3"),
+            supports_logits_soft_cap=True,
             priority=10,
         )
     ]

@@ -131,11 +131,13 @@ class DecoderAttention(torch.nn.Module):
 
     def _fuse_qkv_epilogue(self, hidden_states: torch.Tensor, cos: torch.Tensor) -> bool:
         """The q/k norm, rope and split as one kernel: CUDA (fused ops on), rope over the
-        whole head (a power-of-two head size), and norms on both q and k or on neither."""
+        whole head (a power-of-two head size), and plain RMSNorms on both q and k or on
+        neither (a subclass such as Gemma's (1 + w) norm computes something else)."""
         return (
             fused_ops.enabled(hidden_states)
             and cos.shape[-1] == self.head_dim
             and self.head_dim & (self.head_dim - 1) == 0
+            and all(n is None or type(n) is RMSNorm for n in (self.q_norm, self.k_norm))
             and (self.q_norm is None) == (self.k_norm is None)
         )
 
