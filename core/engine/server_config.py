@@ -56,6 +56,10 @@ class ServerArgs:
     max_header_bytes: int = arg(
         64 * 1024, "Largest HTTP request line plus headers accepted (larger: 400).", "server"
     )
+    responses_store_size: int = arg(
+        1000, "Responses (/v1/responses, store: true) kept in memory for GET, "
+        "previous_response_id and cancel; the oldest is dropped first (0: keep none).", "server",
+    )  # fmt: skip
     max_n: int = arg(8, "Most choices (n) one request may ask for.", "server")
     trust_request_chat_template: bool = arg(
         False,
@@ -93,7 +97,12 @@ class ServerArgs:
             if not getattr(self, name) > 0:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be positive, got {getattr(self, name)}")
-        for name in ("health_stall_timeout", "watchdog_timeout", "shutdown_timeout"):
+        for name in (
+            "health_stall_timeout",
+            "watchdog_timeout",
+            "shutdown_timeout",
+            "responses_store_size",
+        ):
             if getattr(self, name) < 0:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be >= 0 (0: off), got {getattr(self, name)}")

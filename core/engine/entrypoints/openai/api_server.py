@@ -42,6 +42,7 @@ from engine.entrypoints.openai.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from engine.entrypoints.openai.responses_routes import add_responses_routes
 from engine.entrypoints.openai.serving_base import ClientDisconnected, ServingContext
 from engine.entrypoints.openai.serving_chat import ChatServing, messages_to_dicts
 from engine.entrypoints.openai.serving_completion import CompletionServing
@@ -219,6 +220,7 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
         warn_extra(body)
         validate_chat_request(body, limits)
         admit()
+        ctx.metrics.count_request("chat")
         return await chat.create(body, request)
 
     @router.post("/v1/completions", response_model=None)
@@ -226,7 +228,10 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
         warn_extra(body)
         validate_completion_request(body, limits)
         admit()
+        ctx.metrics.count_request("completion")
         return await completion.create(body, request)
+
+    add_responses_routes(router, ctx, chat, server_args.responses_store_size, admit, warn_extra)
 
     @router.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
@@ -258,6 +263,7 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
             "num_free_blocks": stats.num_free_blocks,
             "num_total_blocks": stats.num_total_blocks,
             "num_http_requests_in_flight": len(ctx.inflight),
+            "num_requests_in_flight_by_kind": ctx.inflight.count_by_kind(),
         }
 
     async def metrics() -> Response:
