@@ -14,6 +14,7 @@ from engine_sdk.specs import (
     CLICommandSpec,
     ModelArchitectureSpec,
     ModelFormatSpec,
+    PoolingModelSpec,
     QuantizationMethodSpec,
     ReasoningParserSpec,
     StructuredOutputBackendSpec,
@@ -38,6 +39,17 @@ def register_model_architectures() -> list[ModelArchitectureSpec]:
     Each target is an ``engine_sdk.interfaces.model.ModelArchitecture`` subclass; the
     spec's ``architectures`` lists the ``config.json`` ``architectures`` names it serves.
     Two plugins serving the same architecture name is an error.
+    """
+
+
+@hookspec
+def register_pooling_models() -> list[PoolingModelSpec]:
+    """Return the pooling models (embedders) this plugin provides.
+
+    Each target is an ``engine_sdk.interfaces.pooling.PoolingModel`` subclass; the spec's
+    ``architectures`` lists the ``config.json`` names it embeds (with ``--task embed``, or
+    by default for a name no ``model_architecture`` serves) and its default ``pooling``.
+    Two plugins embedding the same architecture name is an error.
     """
 
 
@@ -100,6 +112,7 @@ def register_cli_commands() -> list[CLICommandSpec]:
 HOOK_NAMES: tuple[str, ...] = (
     "register_attention_backends",
     "register_model_architectures",
+    "register_pooling_models",
     "register_quantization_methods",
     "register_tool_parsers",
     "register_reasoning_parsers",

@@ -25,6 +25,7 @@ __all__ = [
 KIND_HOOKS: dict[str, str] = {
     "attention_backend": "register_attention_backends",
     "model_architecture": "register_model_architectures",
+    "pooling_model": "register_pooling_models",
     "quantization_method": "register_quantization_methods",
     "tool_parser": "register_tool_parsers",
     "reasoning_parser": "register_reasoning_parsers",
@@ -38,6 +39,7 @@ KIND_HOOKS: dict[str, str] = {
 KIND_BASE_CLASSES: dict[str, str | None] = {
     "attention_backend": "engine_sdk.interfaces.attention:AttentionBackend",
     "model_architecture": "engine_sdk.interfaces.model:ModelArchitecture",
+    "pooling_model": "engine_sdk.interfaces.pooling:PoolingModel",
     "quantization_method": "engine_sdk.interfaces.quantization:QuantizationConfig",
     "tool_parser": "engine_sdk.interfaces.tool_parser:ToolParser",
     "reasoning_parser": "engine_sdk.interfaces.reasoning_parser:ReasoningParser",

@@ -39,6 +39,7 @@ from engine.model_executor.memory import (
     plan_gpu_kv_cache,
     resolve_max_model_len,
 )
+from engine.model_executor.pooler import make_pooler
 from engine.model_executor.profiling import profile_gpu_memory
 from engine.model_executor.sampler import Sampler, SamplingBatch, compute_prompt_logprobs
 from engine.model_executor.source import ModelSource
@@ -80,6 +81,7 @@ class ModelRunner:
             self.device, self.dtype, self.block_size, self._make_attention, args.kv_cache_dtype
         )
         self.model = load_model(args, pm, source, load_config)
+        self.pooler = make_pooler(args, pm, source)  # None unless the model embeds
         self.weights_bytes = tensor_bytes([*self.model.parameters(), *self.model.buffers()])
         self.vocab_size = int(source.hf_config.vocab_size)
         self.sampler = sampler if sampler is not None else Sampler()
@@ -216,7 +218,7 @@ class ModelRunner:
         ]
 
     def _capture_cuda_graphs(self) -> CudaGraphRunner | None:
-        if self.device.type != "cuda" or self.args.enforce_eager:
+        if self.device.type != "cuda" or self.args.enforce_eager or self.pooler is not None:
             return None
         if not getattr(self.backend_cls, "supports_cuda_graphs", False):
             logger.info(
@@ -252,6 +254,9 @@ class ModelRunner:
             self._prompt_logprobs_done.pop(req_id, None)
         self.structured_outputs.drop(so.finished_req_ids)
         self.structured_outputs.drop(so.preempted_req_ids)
+        if self.pooler is not None:  # an embedding model: pool, never sample
+            self.pooler.drop(so.finished_req_ids | so.preempted_req_ids)
+            return self.pooler.execute(self, so)
         output = ModelRunnerOutput()
         if so.is_empty:
             return output
