@@ -214,12 +214,13 @@ def test_bad_requests_are_400_in_the_error_shape(
     assert error["message"]
 
 
-def test_api_key_covers_the_responses_routes(tokenizer: Any, pm: Any) -> None:
+def test_api_key_covers_the_responses_and_embeddings_routes(tokenizer: Any, pm: Any) -> None:
     _, _, http = make(tokenizer, "ok", pm, api_key="sekret")
     for method, path in (
         ("POST", "/v1/responses"),
         ("GET", "/v1/responses/resp_x"),
         ("POST", "/v1/responses/resp_x/cancel"),
+        ("POST", "/v1/embeddings"),
     ):
         r = http.request(method, path, json={"input": "x"})
         assert r.status_code == 401, (path, r.text)

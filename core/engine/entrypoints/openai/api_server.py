@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 
 import engine
 from engine.entrypoints.openai.auth import make_api_key_dependency
+from engine.entrypoints.openai.embedding_routes import add_embedding_routes
 from engine.entrypoints.openai.errors import (
     APIError,
     error_body,
@@ -46,6 +47,7 @@ from engine.entrypoints.openai.responses_routes import add_responses_routes
 from engine.entrypoints.openai.serving_base import ClientDisconnected, ServingContext
 from engine.entrypoints.openai.serving_chat import ChatServing, messages_to_dicts
 from engine.entrypoints.openai.serving_completion import CompletionServing
+from engine.entrypoints.openai.serving_embeddings import require_task
 from engine.entrypoints.openai.stats_logger import StatsLogger, WarnOnce
 from engine.entrypoints.openai.validation import (
     RequestLimits,
@@ -219,6 +221,7 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         warn_extra(body)
         validate_chat_request(body, limits)
+        require_task(ctx, "generate")
         admit()
         ctx.metrics.count_request("chat")
         return await chat.create(body, request)
@@ -227,11 +230,13 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         warn_extra(body)
         validate_completion_request(body, limits)
+        require_task(ctx, "generate")
         admit()
         ctx.metrics.count_request("completion")
         return await completion.create(body, request)
 
     add_responses_routes(router, ctx, chat, server_args.responses_store_size, admit, warn_extra)
+    add_embedding_routes(router, ctx, admit, warn_extra)
 
     @router.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:

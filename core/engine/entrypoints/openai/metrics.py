@@ -30,7 +30,7 @@ _ITL_BUCKETS = (
 )  # fmt: skip
 
 
-API_REQUEST_KINDS = ("chat", "completion", "responses")
+API_REQUEST_KINDS = ("chat", "completion", "responses", "embeddings")
 
 
 class _SchedulerCollector(Collector):

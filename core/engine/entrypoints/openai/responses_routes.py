@@ -12,6 +12,7 @@ from engine.entrypoints.openai.responses_protocol import ResponsesRequest
 from engine.entrypoints.openai.responses_store import ResponseStore
 from engine.entrypoints.openai.serving_base import ServingContext
 from engine.entrypoints.openai.serving_chat import ChatServing
+from engine.entrypoints.openai.serving_embeddings import require_task
 from engine.entrypoints.openai.serving_responses import ResponsesServing
 
 
@@ -28,6 +29,7 @@ def add_responses_routes(
     @router.post("/v1/responses", response_model=None)
     async def create_response(body: ResponsesRequest, request: Request) -> Response:
         warn_extra(body)
+        require_task(ctx, "generate")
         admit()
         ctx.metrics.count_request("responses")
         return await serving.create(body, request)
