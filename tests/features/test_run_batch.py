@@ -82,3 +82,25 @@ def test_run_batch_usage_errors(tiny_model: Path, tmp_path: Path) -> None:
     cmd = [*engine_cli(), "run-batch", "-i", str(missing), "-o", "x", str(tiny_model)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "is not a file" in done.stderr
+
+
+def test_run_batch_embeddings(tiny_model: Path, tmp_path: Path) -> None:
+    src, dst = tmp_path / "emb.jsonl", tmp_path / "emb-out.jsonl"
+    chat = {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions", "body": CHAT}
+    lines = [
+        {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "tiny", "input": text}}
+        for i, text in enumerate(["one input", ["two", "three"]])
+    ] + [chat]  # fmt: skip
+    src.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    flags = [f for f in SERVER_FLAGS if f != "--log-stats-interval" and f != "0"]
+    cmd = [*engine_cli(), "run-batch", "-i", str(src), "-o", str(dst), str(tiny_model), *flags,
+           "--task", "embed", "--no-progress"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    by_id = {r["custom_id"]: r for r in map(json.loads, dst.read_text().splitlines())}
+    assert len(by_id["e0"]["response"]["body"]["data"]) == 1
+    two = by_id["e1"]["response"]["body"]["data"]
+    assert [d["index"] for d in two] == [0, 1]
+    assert abs(sum(x * x for x in two[1]["embedding"]) - 1.0) < 1e-4
+    assert by_id["chat"]["response"]["status_code"] == 400  # an embedding model cannot chat
