@@ -235,3 +235,13 @@ def test_metrics_count_responses(tokenizer: Any, pm: Any) -> None:
     text = http.get("/metrics").text
     assert 'engine:api_requests_total{kind="responses",model_name="m"} 2.0' in text
     assert http.get("/load").json()["num_requests_in_flight_by_kind"] == {}
+
+
+def test_chat_checks_apply_under_responses_names(tokenizer: Any, pm: Any) -> None:
+    _, _, http = make(tokenizer, "ok", pm)
+    r = http.post("/v1/responses", json={"input": "x", "max_output_tokens": 10**9})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_output_tokens"
+    assert "max_output_tokens" in r.json()["error"]["message"]
+    kwargs = {"input": "x", "chat_template_kwargs": {"messages": []}}  # reserved by the server
+    r = http.post("/v1/responses", json=kwargs)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs"

@@ -235,7 +235,10 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
         ctx.metrics.count_request("completion")
         return await completion.create(body, request)
 
-    add_responses_routes(router, ctx, chat, server_args.responses_store_size, admit, warn_extra)
+    add_responses_routes(
+        router, ctx, chat, server_args.responses_store_size, admit, warn_extra,
+        lambda chat_req: validate_chat_request(chat_req, limits),
+    )  # fmt: skip
     add_embedding_routes(router, ctx, admit, warn_extra)
 
     @router.post("/tokenize")

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.entrypoints.openai.responses_protocol import ResponsesRequest
 from engine.entrypoints.openai.responses_store import ResponseStore
 from engine.entrypoints.openai.serving_base import ServingContext
@@ -23,8 +24,9 @@ def add_responses_routes(
     store_size: int,
     admit: Callable[[], None],
     warn_extra: Callable[[Any], None],
+    validate: Callable[[ChatCompletionRequest], None] | None = None,
 ) -> ResponsesServing:
-    serving = ResponsesServing(ctx, chat, ResponseStore(store_size))
+    serving = ResponsesServing(ctx, chat, ResponseStore(store_size), validate)
 
     @router.post("/v1/responses", response_model=None)
     async def create_response(body: ResponsesRequest, request: Request) -> Response:

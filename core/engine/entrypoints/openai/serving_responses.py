@@ -10,9 +10,10 @@ events as ``event: TYPE`` / ``data: JSON`` pairs, numbered by ``sequence_number`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from fastapi import Request
@@ -21,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from engine.entrypoints.openai.choice_state import ChoiceState
 from engine.entrypoints.openai.errors import APIError, internal_error, stream_error_body
 from engine.entrypoints.openai.message_parsing import ChatPlan, ChoiceParser
+from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.entrypoints.openai.responses_events import Event, ResponseEvents
 from engine.entrypoints.openai.responses_output import ResponseRecord, finish_status
 from engine.entrypoints.openai.responses_protocol import (
@@ -49,10 +51,14 @@ REQUEST_KIND = "responses"
 
 
 class ResponsesServing:
-    def __init__(self, ctx: ServingContext, chat: ChatServing, store: ResponseStore) -> None:
+    def __init__(
+        self, ctx: ServingContext, chat: ChatServing, store: ResponseStore,
+        validate: Callable[[ChatCompletionRequest], None] | None = None,
+    ) -> None:  # fmt: skip
         self.ctx = ctx
         self.chat = chat
         self.store = store
+        self.validate = validate  # the chat route's checks, on the translated request
 
     async def create(self, req: ResponsesRequest, raw: Request) -> Response:
         check_supported(req)
@@ -62,6 +68,9 @@ class ResponsesServing:
             history = self.store.previous(req.previous_response_id).conversation()
         messages = [*history, *input_messages(req.input)]
         chat_req = to_chat_request(req, [], messages)
+        if self.validate is not None:
+            with responses_params():
+                self.validate(chat_req)
         req_id = new_request_id(raw)
         prompt_ids, params, plan = await self.ctx.run_prepare(self.chat._prepare, chat_req)
         await compile_structured_outputs(self.ctx.engine, params)
@@ -88,6 +97,9 @@ class ResponsesServing:
             )
         try:
             await until_disconnected(raw, run.collect(first))
+        except APIError:
+            record.finish("failed")
+            raise
         except ClientDisconnected:
             return Response(status_code=499)
         finally:
@@ -113,6 +125,24 @@ class ResponsesServing:
             await stream.abort()
         record.finish("cancelled")
         return record.to_dict()
+
+
+# Chat field names in a validation error -> the Responses field the client sent.
+_PARAMS = {"max_completion_tokens": "max_output_tokens", "messages": "input"}
+
+
+@contextlib.contextmanager
+def responses_params() -> Iterator[None]:
+    """Re-raise a chat validation error under the Responses request's field names."""
+    try:
+        yield
+    except APIError as exc:
+        param = exc.param or ""
+        for chat_name, name in _PARAMS.items():
+            if param.startswith(chat_name):
+                exc.param = name
+                exc.message = exc.message.replace(chat_name, name)
+        raise
 
 
 class _Run:
