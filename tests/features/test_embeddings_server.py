@@ -89,3 +89,37 @@ def test_metrics_and_load_count_embeddings(embed_server: Server) -> None:
     assert float(line.rsplit(" ", 1)[1]) >= 1
     load = httpx.get(embed_server.base_url + "/load", timeout=30).json()
     assert load["num_requests_in_flight_by_kind"] == {} and load["num_requests_running"] == 0
+
+
+def test_score_and_rerank_are_embedding_cosines(embed_server: Server) -> None:
+    vectors = [
+        d.embedding for d in client(embed_server).embeddings.create(model="tiny", input=INPUTS).data
+    ]
+
+    def cos(a: int, b: int) -> float:
+        return sum(x * y for x, y in zip(vectors[a], vectors[b], strict=True))
+
+    url = embed_server.base_url
+    body = {"model": "tiny", "text_1": INPUTS[0], "text_2": INPUTS[1:]}
+    r = httpx.post(url + "/v1/score", json=body, timeout=60).json()
+    assert [d["index"] for d in r["data"]] == [0, 1] and r["object"] == "list"
+    assert [d["score"] for d in r["data"]] == pytest.approx([cos(0, 1), cos(0, 2)], abs=1e-5)
+    pairwise = {"text_1": INPUTS[:2], "text_2": INPUTS[1:]}
+    r = httpx.post(url + "/score", json=pairwise, timeout=60).json()
+    assert [d["score"] for d in r["data"]] == pytest.approx([cos(0, 1), cos(1, 2)], abs=1e-5)
+    bad = httpx.post(url + "/v1/score", json={"text_1": INPUTS[:2], "text_2": INPUTS}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "text_2"
+    rerank = {"model": "tiny", "query": INPUTS[0], "documents": INPUTS[1:] + [INPUTS[0]]}
+    r = httpx.post(url + "/rerank", json=rerank, timeout=60).json()
+    scores = {res["index"]: res["relevance_score"] for res in r["results"]}
+    assert r["results"][0]["index"] == 2 and scores[2] == pytest.approx(1.0, abs=1e-5)
+    assert [res["relevance_score"] for res in r["results"]] == sorted(scores.values(), reverse=True)
+    assert scores[0] == pytest.approx(cos(0, 1), abs=1e-5)
+    assert r["results"][0]["document"]["text"] == INPUTS[0] and r["usage"]["total_tokens"] > 0
+    top = httpx.post(url + "/v1/rerank", json={**rerank, "top_n": 1}, timeout=60).json()
+    assert [res["index"] for res in top["results"]] == [2]
+
+
+def test_score_on_a_generating_model_is_400(tools_server: Server) -> None:
+    r = httpx.post(tools_server.base_url + "/rerank", json={"query": "q", "documents": ["d"]})
+    assert r.status_code == 400 and "--task embed" in r.json()["error"]["message"]

@@ -1,4 +1,6 @@
-"""Mounts ``POST /v1/embeddings`` on the app's authenticated router."""
+"""Mounts the embedding-model routes on the app's authenticated router:
+``/v1/embeddings``, and ``/v1/score`` (also ``/score``) and ``/rerank`` (also ``/v1/rerank``,
+``/v2/rerank``) scored with embeddings."""
 
 from __future__ import annotations
 
@@ -12,6 +14,13 @@ from engine.entrypoints.openai.serving_embeddings import (
     EmbeddingRequest,
     EmbeddingResponse,
     EmbeddingServing,
+)
+from engine.entrypoints.openai.serving_score import (
+    RerankRequest,
+    RerankResponse,
+    ScoreRequest,
+    ScoreResponse,
+    ScoreServing,
 )
 
 
@@ -30,4 +39,22 @@ def add_embedding_routes(
         ctx.metrics.count_request("embeddings")
         return await serving.create(body, request)
 
+    scoring = ScoreServing(serving)
+
+    async def score(body: ScoreRequest, request: Request) -> ScoreResponse:
+        warn_extra(body)
+        admit()
+        ctx.metrics.count_request("score")
+        return await scoring.score(body, request)
+
+    async def rerank(body: RerankRequest, request: Request) -> RerankResponse:
+        warn_extra(body)
+        admit()
+        ctx.metrics.count_request("rerank")
+        return await scoring.rerank(body, request)
+
+    for path in ("/v1/score", "/score"):
+        router.add_api_route(path, score, methods=["POST"])
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        router.add_api_route(path, rerank, methods=["POST"])
     return serving

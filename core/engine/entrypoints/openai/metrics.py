@@ -30,7 +30,7 @@ _ITL_BUCKETS = (
 )  # fmt: skip
 
 
-API_REQUEST_KINDS = ("chat", "completion", "responses", "embeddings")
+API_REQUEST_KINDS = ("chat", "completion", "responses", "embeddings", "score", "rerank")
 
 
 class _SchedulerCollector(Collector):
