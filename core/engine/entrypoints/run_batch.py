@@ -23,7 +23,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
-BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
+BATCH_URLS = (
+    "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings",
+    "/v1/score", "/v1/rerank",
+)  # fmt: skip
 
 
 @dataclass

@@ -94,7 +94,7 @@ def _prompts(value: str | list[str] | list[int] | list[list[int]]) -> list[Any]:
     if all(isinstance(v, list) for v in value):
         if any(not v for v in value):
             raise APIError("input: every token-id list must be non-empty", 400, "input")
-        return [{"prompt_token_ids": list(v)} for v in value]
+        return [{"prompt_token_ids": list(v)} for v in value if isinstance(v, list)]
     raise APIError(
         "input must be a string, a list of strings, a list of token ids or a list of "
         "token-id lists (not a mix)",
