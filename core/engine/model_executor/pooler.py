@@ -9,8 +9,14 @@ its last. Rows are packed request after request, so request i owns the rows
     last        |             ^ a's last  |                  ^ b's last  |
     mean        | sum += rows, n += 3     | sum += rows, n += 2          |
 
-Mean pooling sums float32 rows over the chunks; a preempted request starts over, so its
-partial sum is dropped. The finishing step reports the pooled vector (not normalized:
+Mean pooling sums float32 rows over the chunks, with the position the sum has reached. A
+preempted request is recomputed from its first uncached position, which is never past
+that point (its own blocks are the only cache hits it can have: it has a cache salt of its
+own), so rows already in the sum are skipped rather than counted twice::
+
+    summed [0, 12)   recompute chunk at 8, 8 rows   -> add rows 12..15 (skip 4 rows)
+
+The finishing step reports the pooled vector (not normalized:
 the API layer normalizes after any Matryoshka truncation) and a placeholder token id 0,
 which ends the request (``max_tokens`` 1) and frees its KV blocks.
 """
@@ -31,6 +37,7 @@ PLACEHOLDER_TOKEN_ID = 0
 class Pooler:
     def __init__(self, config: PoolingConfig) -> None:
         self.config = config
+        # req_id -> (sum of the rows of positions [0, end), end)
         self._sums: dict[ReqId, tuple[torch.Tensor, int]] = {}
 
     def drop(self, req_ids: set[ReqId]) -> None:
@@ -48,24 +55,29 @@ class Pooler:
         for sr in so.scheduled:
             rows = hidden[offset : offset + sr.num_tokens]
             offset += sr.num_tokens
-            pooled = self._pool(sr.req_id, rows, sr.start_position == 0)
+            pooled = self._pool(sr.req_id, rows, sr.start_position)
             if sr.sample:
-                assert pooled is not None
                 output.pooled[sr.req_id] = pooled.tolist()
                 output.sampled_token_ids[sr.req_id] = PLACEHOLDER_TOKEN_ID
         return output
 
-    def _pool(self, req_id: ReqId, rows: torch.Tensor, first_chunk: bool) -> torch.Tensor | None:
-        """Fold this step's rows in; the pooled vector so far (float32)."""
+    def _pool(self, req_id: ReqId, rows: torch.Tensor, start: int) -> torch.Tensor:
+        """Fold this step's rows (positions ``start``...) in; the pooled vector so far."""
         if self.config.pooling == "last":
             return rows[-1].float()
-        total = rows.float().sum(dim=0)
-        count = rows.shape[0]
-        if not first_chunk and req_id in self._sums:
-            previous, num = self._sums[req_id]
-            total, count = total + previous, count + num
-        self._sums[req_id] = (total, count)
-        return total / count
+        previous, end = self._sums.get(req_id, (None, 0))
+        if start > end:
+            raise RuntimeError(
+                f"mean pooling of request {req_id!r}: positions {end}..{start - 1} were never "
+                "computed (a prefix-cache hit on a request without its own cache salt)"
+            )
+        new_rows = rows[end - start :]
+        total = new_rows.float().sum(dim=0)
+        if previous is not None:
+            total = total + previous
+        end = max(end, start + rows.shape[0])
+        self._sums[req_id] = (total, end)
+        return total / end
 
 
 def make_pooler(args: Any, pm: Any, source: Any) -> Pooler | None:

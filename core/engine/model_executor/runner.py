@@ -255,7 +255,7 @@ class ModelRunner:
         self.structured_outputs.drop(so.finished_req_ids)
         self.structured_outputs.drop(so.preempted_req_ids)
         if self.pooler is not None:  # an embedding model: pool, never sample
-            self.pooler.drop(so.finished_req_ids | so.preempted_req_ids)
+            self.pooler.drop(so.finished_req_ids)
             return self.pooler.execute(self, so)
         output = ModelRunnerOutput()
         if so.is_empty:
