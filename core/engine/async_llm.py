@@ -107,6 +107,11 @@ class AsyncLLM:
         return self.engine.model_name
 
     @property
+    def pooling(self) -> Any:
+        """The ``PoolingConfig`` of an embedding model; ``None`` for a generating one."""
+        return self.engine.pooling
+
+    @property
     def is_ready(self) -> bool:
         return self._thread.is_alive() and self.dead_error is None
 

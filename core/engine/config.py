@@ -39,6 +39,14 @@ class EngineArgs:
     override_generation_config: dict[str, Any] = arg(
         {}, "JSON dict overriding sampling defaults.", "model"
     )
+    task: str = arg(
+        "auto", "generate, embed, or auto (embed when only a pooling model serves the "
+        "checkpoint's architecture, such as Qwen3Model; else generate).", "model",
+    )  # fmt: skip
+    pooling_type: str | None = arg(
+        None, "Pooling of an embedding model: last or mean (default: the checkpoint's "
+        "sentence-transformers pooling config, else the pooling model's own).", "model",
+    )  # fmt: skip
     # cache
     block_size: int = arg(16, "Tokens per KV cache block.", "cache")
     gpu_memory_utilization: float = arg(0.92, "Fraction of device memory to use.", "cache")

@@ -58,7 +58,10 @@ _HEARTBEAT_S = 1.0
 # with deltas = ((index, delta_text, delta_token_ids, delta_logprobs, finish_reason,
 # stop_reason), ...); prompt logprobs travel once, with a request's first update.
 
-_Update = tuple[str, bool, "str | None", int, "list[Any] | None", tuple[tuple[Any, ...], ...]]
+_Update = tuple[
+    str, bool, "str | None", int, "list[Any] | None", tuple[tuple[Any, ...], ...],
+    "list[float] | None",
+]  # fmt: skip
 
 
 def _to_update(out: RequestOutput, send_prompt_logprobs: bool) -> _Update:
@@ -69,7 +72,7 @@ def _to_update(out: RequestOutput, send_prompt_logprobs: bool) -> _Update:
     )  # fmt: skip
     prompt_logprobs = out.prompt_logprobs if send_prompt_logprobs else None
     return (out.request_id, out.finished, out.error, out.num_cached_tokens, prompt_logprobs,
-            deltas)  # fmt: skip
+            deltas, out.pooled)  # fmt: skip
 
 
 # -- the engine process ---------------------------------------------------------------------
@@ -522,7 +525,7 @@ class ProcessAsyncLLM(AsyncLLM):
                     logger.exception("stats listener %r failed; continuing", listener)
 
     def _rebuild(self, update: _Update) -> RequestOutput | None:
-        request_id, finished, error, num_cached, prompt_logprobs, deltas = update
+        request_id, finished, error, num_cached, prompt_logprobs, deltas, pooled = update
         state = self._requests.get(request_id)
         if state is None:
             return None  # aborted here already
@@ -555,7 +558,7 @@ class ProcessAsyncLLM(AsyncLLM):
             del self._requests[request_id]
         return RequestOutput(
             request_id, state.prompt, state.prompt_token_ids, completions, finished,
-            state.prompt_logprobs, num_cached, error,
+            state.prompt_logprobs, num_cached, error, pooled,
         )  # fmt: skip
 
     def _check_alive(self) -> None:

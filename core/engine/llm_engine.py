@@ -71,6 +71,8 @@ class LLMEngine:
         # parser class of --reasoning-parser (the server splits the think section with it).
         self.structured_output_manager: Any = None
         self.reasoning_parser_cls: Any = None
+        # An embedding model's PoolingConfig (set by from_args; None: a generating model).
+        self.pooling: Any = None
 
     # -- construction -------------------------------------------------------------------------
 
@@ -151,6 +153,10 @@ class LLMEngine:
             max_logprobs=args.max_logprobs,
         )
         engine._setup_features(args, pm)
+        from engine.model_executor.pooling_task import resolve_pooling
+
+        # Embedding models: requests are prefill-only (pooling_request).
+        engine.pooling = resolve_pooling(args, pm, source.hf_config, source.path)
         return engine
 
     def _setup_features(self, args: EngineArgs, pm: PluginManager) -> None:
@@ -248,6 +254,10 @@ class LLMEngine:
         cache_salt: str | None = None,
     ) -> PreparedRequest:
         """Tokenize and validate without touching engine state (safe from any thread)."""
+        if self.pooling is not None:
+            from engine.pooling_request import pooling_request
+
+            params, cache_salt = pooling_request(self.pooling, cache_salt)
         if params is None:
             params = self.default_sampling_params()
         prepared = self.input_processor.prepare(request_id, prompt, params, priority, cache_salt)
@@ -368,6 +378,9 @@ def _async_runner(args: EngineArgs, runner: Any) -> Any:
         return None
     if not isinstance(runner, ModelRunner):
         logger.info("async scheduling off: %s steps synchronously", type(runner).__name__)
+        return None
+    if runner.pooler is not None:
+        logger.info("async scheduling off: a pooling model steps synchronously")
         return None
     logger.info("async scheduling on: the next step is prepared while the device runs one")
     return runner

@@ -35,3 +35,4 @@ class RequestOutput:
     prompt_logprobs: list[Logprobs | None] | None = None
     num_cached_tokens: int = 0
     error: str | None = None  # set when the request failed inside the engine
+    pooled: list[float] | None = None  # a pooling model's vector (embeddings), once finished

@@ -75,6 +75,10 @@ class ServerArgs:
         2048, "Most open HTTP connections; one more is answered 503 and closed. The soft "
         "file-descriptor limit is raised to fit it when the hard limit allows.", "server",
     )  # fmt: skip
+    responses_store_size: int = arg(
+        1000, "Responses (/v1/responses, store: true) kept in memory for GET, "
+        "previous_response_id and cancel; the oldest is dropped first (0: keep none).", "server",
+    )  # fmt: skip
     max_n: int = arg(8, "Most choices (n) one request may ask for.", "server")
     trust_request_chat_template: bool = arg(
         False,
@@ -132,7 +136,7 @@ class ServerArgs:
                 raise ValueError(f"{flag} must be positive, got {getattr(self, name)}")
         for name in (
             "health_stall_timeout", "watchdog_timeout", "shutdown_timeout", "http_header_timeout",
-            "engine_heartbeat_timeout",
+            "engine_heartbeat_timeout", "responses_store_size",
         ):  # fmt: skip
             if getattr(self, name) < 0:
                 flag = "--" + name.replace("_", "-")

@@ -19,6 +19,7 @@ from engine_sdk.specs import (
     CLICommandSpec,
     ModelArchitectureSpec,
     ModelFormatSpec,
+    PoolingModelSpec,
     QuantizationMethodSpec,
     ReasoningParserSpec,
     StructuredOutputBackendSpec,
@@ -65,6 +66,20 @@ def register_model_architectures() -> list[ModelArchitectureSpec]:
     Conflicts: a spec name, or an HF architecture name, registered by two plugins is an
     error naming both.
     Since: engine-sdk 0.1.0.
+    """
+
+
+@hookspec
+def register_pooling_models() -> list[PoolingModelSpec]:
+    """Return the pooling models (embedders) this plugin provides.
+
+    When called: once per plugin when the engine loads plugins.
+    Returns: a list of ``PoolingModelSpec``; each target is an
+    ``engine_sdk.interfaces.pooling.PoolingModel`` subclass; the spec's ``architectures``
+    lists the ``config.json`` names it embeds (with ``--task embed``, or by default for a
+    name no ``model_architecture`` serves) and its default ``pooling``.
+    Conflicts: two plugins embedding the same architecture name is an error naming both.
+    Since: engine-sdk 0.1.1.
     """
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "ModelArchitectureSpec",
     "ModelFormatSpec",
     "PluginSpec",
+    "PoolingModelSpec",
     "QuantizationMethodSpec",
     "ReasoningParserSpec",
     "StructuredOutputBackendSpec",
@@ -110,6 +111,43 @@ class ModelArchitectureSpec(PluginSpec):
         return {"architectures": list(self.architectures)}
 
 
+POOLING_TYPES = ("last", "mean")
+
+
+@dataclass(frozen=True)
+class PoolingModelSpec(PluginSpec):
+    """A pooling model (an embedder): a body that returns hidden states, pooled per prompt.
+
+    ``architectures`` are the HF ``config.json`` names it embeds: with ``--task embed``, or
+    by default when no ``model_architecture`` serves the name (a bare body such as
+    ``Qwen3Model``). ``pooling`` is the default pooling over the prompt's final hidden
+    states: ``last`` (the last token's, the Qwen3-Embedding recipe) or ``mean``; a
+    checkpoint's sentence-transformers ``1_Pooling/config.json`` or ``--pooling-type``
+    overrides it. ``normalize``: embeddings are L2-normalized by default.
+    """
+
+    kind: ClassVar[str] = "pooling_model"
+    hook: ClassVar[str] = "register_pooling_models"
+    base_class: ClassVar[str | None] = "engine_sdk.interfaces.pooling:PoolingModel"
+    architectures: tuple[str, ...] = ()
+    pooling: str = "last"
+    normalize: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pooling not in POOLING_TYPES:
+            raise ValueError(
+                f"pooling {self.pooling!r} of {self.name!r} must be one of {POOLING_TYPES}"
+            )
+
+    def capabilities(self) -> dict[str, object]:
+        return {
+            "architectures": list(self.architectures),
+            "pooling": self.pooling,
+            "normalize": self.normalize,
+        }
+
+
 @dataclass(frozen=True)
 class QuantizationMethodSpec(PluginSpec):
     """A quantization method; the target is its ``QuantizationConfig`` subclass.
@@ -200,6 +238,7 @@ SPEC_KINDS: dict[str, type[PluginSpec]] = {
     for cls in (
         AttentionBackendSpec,
         ModelArchitectureSpec,
+        PoolingModelSpec,
         QuantizationMethodSpec,
         ToolParserSpec,
         ReasoningParserSpec,

@@ -148,6 +148,7 @@ def test_runner_output_round_trips_including_infinite_logprobs() -> None:
         sampled_token_ids={ReqId("a"): 5, ReqId("b"): 0},
         logprobs={ReqId("a"): lp},
         prompt_logprobs={ReqId("b"): [lp, Logprobs(1, -3.5, 2)]},
+        pooled={ReqId("c"): [0.25, -1.5]},  # an embedding model's vector (TP rank 0)
     )
     back = runner_output_from_dict(loads(dumps(runner_output_to_dict(output))))
     assert back == output

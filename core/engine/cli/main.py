@@ -34,6 +34,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "chat": ("engine.cli.chat",),
     "complete": ("engine.cli.complete", "engine.cli.chat"),
     "bench": ("engine.cli.bench",),
+    "run-batch": ("engine.cli.run_batch",),
 }
 
 

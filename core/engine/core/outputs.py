@@ -32,6 +32,7 @@ class EngineCoreOutput:
     first_token_time: float | None = None
     timestamp: float = 0.0
     num_preemptions: int = 0
+    pooled: list[float] | None = None  # a pooling model's vector, on the finishing output
 
     @property
     def finished(self) -> bool:

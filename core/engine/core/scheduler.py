@@ -463,6 +463,7 @@ class Scheduler:
             first_token_time,
             now,
             request.num_preemptions,
+            runner_output.pooled.get(req_id) if runner_output.pooled else None,
         )
 
     def _take_prompt_logprobs(

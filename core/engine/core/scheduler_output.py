@@ -66,3 +66,5 @@ class ModelRunnerOutput:
     # Prompt logprobs computed this step, one entry per prompt position after the first
     # (position 0 has none), in order; a chunked prompt gets them over several steps.
     prompt_logprobs: dict[ReqId, list[Logprobs]] = field(default_factory=dict)
+    # Pooling models: the pooled vector of each request whose prompt completed this step.
+    pooled: dict[ReqId, list[float]] = field(default_factory=dict)

@@ -15,6 +15,7 @@ from typing import Any
 
 from engine.config import EngineArgs
 from engine.core.outputs import SchedulerStats
+from engine.embedding_vectors import EmbeddingOutput, check_dimensions, finish_embedding
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.outputs_processing import EngineCounters
@@ -67,6 +68,11 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Complete each prompt (a string, token ids, or {"prompt_token_ids": [...]})."""
+        if self.engine.pooling is not None:
+            raise ValueError(
+                "this model runs as an embedding model (task embed): use LLM.embed, or "
+                "build the LLM with task='generate'"
+            )
         prompt_list = _as_prompt_list(prompts)
         return self._run(prompt_list, _params_list(params, len(prompt_list)), use_tqdm)
 
@@ -101,6 +107,32 @@ class LLM:
             # The template already wrote the special tokens (BOS and role markers).
             prompts.append({"prompt": text, "add_special_tokens": False})
         return self._run(prompts, _params_list(params, len(prompts)), use_tqdm)
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        use_tqdm: bool = True,
+    ) -> list[EmbeddingOutput]:
+        """One embedding per prompt (a string, token ids, or {"prompt_token_ids": [...]}),
+        in input order; needs an embedding model (``task="embed"`` or a bare body)."""
+        pooling = self.engine.pooling
+        if pooling is None:
+            raise ValueError(
+                "this model generates text (task generate): build the LLM with task='embed' "
+                "to embed with its body"
+            )
+        check_dimensions(pooling, dimensions)
+        prompt_list = _as_prompt_list(prompts)
+        outputs = self._run(prompt_list, [None] * len(prompt_list), use_tqdm)
+        results = []
+        for out in outputs:
+            if out.pooled is None:
+                raise RuntimeError(f"request {out.request_id} ended without an embedding")
+            vector = finish_embedding(out.pooled, pooling, dimensions, normalize)
+            results.append(EmbeddingOutput(out.request_id, out.prompt_token_ids, vector))
+        return results
 
     def _run(
         self, prompts: list[PromptType], params: list[SamplingParams | None], use_tqdm: bool

@@ -179,6 +179,7 @@ def runner_output_to_dict(output: ModelRunnerOutput) -> dict[str, Any]:
         "sampled_token_ids": output.sampled_token_ids,
         "logprobs": {k: asdict(v) for k, v in output.logprobs.items()},
         "prompt_logprobs": {k: [asdict(lp) for lp in v] for k, v in output.prompt_logprobs.items()},
+        "pooled": output.pooled,
     }
 
 
@@ -190,4 +191,5 @@ def runner_output_from_dict(data: dict[str, Any]) -> ModelRunnerOutput:
             ReqId(k): [_logprobs_from_dict(lp) for lp in v]
             for k, v in data["prompt_logprobs"].items()
         },
+        pooled={ReqId(k): [float(x) for x in v] for k, v in data.get("pooled", {}).items()},
     )

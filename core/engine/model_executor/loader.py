@@ -193,7 +193,13 @@ def load_model(
         raise StartupError(
             f"--load-format {args.load_format!r} is not supported; use {', '.join(_LOAD_FORMATS)}"
         )
-    model_cls = find_architecture(pm, source.hf_config, str(source.path))
+    from engine.model_executor.pooling_task import pooling_model_class, resolve_pooling
+
+    pooling = resolve_pooling(args, pm, source.hf_config, source.path)
+    if pooling is not None:
+        model_cls = pooling_model_class(pm, pooling)
+    else:
+        model_cls = find_architecture(pm, source.hf_config, str(source.path))
     ctx = ModelContext(
         hf_config=source.hf_config,
         dtype=config.dtype,

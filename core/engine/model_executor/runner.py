@@ -39,6 +39,7 @@ from engine.model_executor.memory import (
     resolve_max_model_len,
 )
 from engine.model_executor.plugin_needs import attention_needs, choose_attention_backend
+from engine.model_executor.pooler import make_pooler
 from engine.model_executor.profiling import profile_gpu_memory
 from engine.model_executor.sampler import DeviceSample, Sampler, SamplingBatch
 from engine.model_executor.source import ModelSource
@@ -80,6 +81,7 @@ class ModelRunner:
             self.device, self.dtype, self.block_size, self._make_attention, args.kv_cache_dtype
         )
         self.model = load_model(args, pm, source, load_config)
+        self.pooler = make_pooler(args, pm, source)  # None unless the model embeds
         self.weights_bytes = tensor_bytes([*self.model.parameters(), *self.model.buffers()])
         self.vocab_size = int(source.hf_config.vocab_size)
         self.sampler = sampler if sampler is not None else Sampler()
@@ -208,7 +210,7 @@ class ModelRunner:
         ]
 
     def _capture_cuda_graphs(self) -> CudaGraphRunner | None:
-        if self.device.type != "cuda" or self.args.enforce_eager:
+        if self.device.type != "cuda" or self.args.enforce_eager or self.pooler is not None:
             return None
         if not self.backend_cls.supports_cuda_graphs:
             logger.info(
@@ -241,7 +243,9 @@ class ModelRunner:
         return self.execute_async(so).result()
 
     @torch.inference_mode()
-    def execute_async(self, so: SchedulerOutput, defer_sampling: bool = False) -> PendingStep:
+    def execute_async(
+        self, so: SchedulerOutput, defer_sampling: bool = False
+    ) -> PendingStep | ReadyStep:
         """Launch the step and return without waiting for the device. The sampled ids stay
         on the device: a later step's placeholder inputs (``PLACEHOLDER_TOKEN_ID``) are
         taken from them. ``defer_sampling``: launch only the forward pass; the caller
@@ -252,6 +256,9 @@ class ModelRunner:
             self._prompt_logprobs_done.pop(req_id, None)
         self.structured_outputs.drop(so.finished_req_ids)
         self.structured_outputs.drop(so.preempted_req_ids)
+        if self.pooler is not None:  # an embedding model: pool, never sample (synchronous)
+            self.pooler.drop(so.finished_req_ids)
+            return ReadyStep(self.pooler.execute(self, so))
         if so.is_empty:
             return PendingStep(self, None, None, [])
         inputs = self.prepare_inputs(so)
@@ -315,6 +322,19 @@ class ModelRunner:
             gen = torch.Generator(device=self.device).manual_seed(seed)
             self._generators[sr.req_id] = gen
         return gen
+
+
+class ReadyStep:
+    """A step whose output was computed synchronously (pooling models)."""
+
+    def __init__(self, output: ModelRunnerOutput) -> None:
+        self._output = output
+
+    def launch_sampling(self) -> None:
+        pass
+
+    def result(self) -> ModelRunnerOutput:
+        return self._output
 
 
 class PendingStep:

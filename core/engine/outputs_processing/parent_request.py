@@ -77,4 +77,5 @@ class ParentRequest:
             prompt_logprobs[:] if prompt_logprobs is not None else None,
             first.num_cached_tokens,
             error,
+            first.pooled,
         )

@@ -61,6 +61,7 @@ class RequestState:
             [None] if params.prompt_logprobs is not None else None
         )
         self.num_cached_tokens = 0
+        self.pooled: list[float] | None = None  # a pooling model's vector
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.error: str | None = None
@@ -83,6 +84,8 @@ class RequestState:
         self.has_update = True
         if core_output.num_cached_tokens:
             self.num_cached_tokens = int(core_output.num_cached_tokens)
+        if getattr(core_output, "pooled", None) is not None:
+            self.pooled = core_output.pooled
         timing = self.timing
         if timing.first_scheduled_time is None:
             timing.first_scheduled_time = getattr(core_output, "first_scheduled_time", None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine_sdk.kinds import check_target, import_target
-from engine_sdk.specs import SPEC_KINDS, ModelArchitectureSpec, PluginSpec
+from engine_sdk.specs import SPEC_KINDS, ModelArchitectureSpec, PluginSpec, PoolingModelSpec
 
 from engine.plugins.errors import PluginError
 from engine.plugins.info import PluginInfo
@@ -29,6 +29,7 @@ class Registry:
             kind: {} for kind in SPEC_KINDS
         }
         self._architectures: dict[str, tuple[ModelArchitectureSpec, PluginInfo]] = {}
+        self._pooling_architectures: dict[str, tuple[PoolingModelSpec, PluginInfo]] = {}
         self._resolved: dict[tuple[str, str], Any] = {}
 
     def add(self, spec: PluginSpec, owner: PluginInfo) -> None:
@@ -42,9 +43,14 @@ class Registry:
                 f"{owner.owner}; uninstall one, or block one with --plugin no:NAME "
                 f"(no:{existing[1].name} or no:{owner.name})"
             )
-        if isinstance(spec, ModelArchitectureSpec):
+        if isinstance(spec, ModelArchitectureSpec | PoolingModelSpec):
+            index: dict[str, Any] = (
+                self._architectures
+                if isinstance(spec, ModelArchitectureSpec)
+                else self._pooling_architectures
+            )
             for arch in spec.architectures:
-                claimed = self._architectures.get(arch)
+                claimed = index.get(arch)
                 if claimed is not None:
                     raise PluginError(
                         f"HF architecture {arch!r} is served twice: by {claimed[1].owner} "
@@ -53,7 +59,7 @@ class Registry:
                         f"--plugin no:{owner.name}"
                     )
             for arch in spec.architectures:
-                self._architectures[arch] = (spec, owner)
+                index[arch] = (spec, owner)
         self._specs[kind][spec.name] = (spec, owner)
 
     def remove_owner(self, owner: PluginInfo) -> None:
@@ -96,6 +102,13 @@ class Registry:
 
     def architectures(self) -> list[str]:
         return sorted(self._architectures)
+
+    def pooling_architecture(self, arch: str) -> tuple[PoolingModelSpec, PluginInfo] | None:
+        """The pooling model (embedder) serving HF architecture ``arch``, if any."""
+        return self._pooling_architectures.get(arch)
+
+    def pooling_architectures(self) -> list[str]:
+        return sorted(self._pooling_architectures)
 
     def resolve(self, kind: str, name: str) -> Any:
         """Import the target of ``(kind, name)`` and check it (a class for all kinds but

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine_sdk import ModelArchitectureSpec, hookimpl
+from engine_sdk import ModelArchitectureSpec, PoolingModelSpec, hookimpl
 
 
 @hookimpl
@@ -20,4 +20,17 @@ def register_model_architectures() -> list[ModelArchitectureSpec]:
             description="Mistral decoder (Llama math, optional sliding window)",
             architectures=("MistralForCausalLM",),
         ),
+    ]
+
+
+@hookimpl
+def register_pooling_models() -> list[PoolingModelSpec]:
+    return [
+        PoolingModelSpec(
+            name="llama-embed",
+            target="engine_llama.embedding:LlamaEmbeddingModel",
+            description="Llama body as an embedder (mean pooling by default)",
+            architectures=("LlamaForCausalLM", "LlamaModel"),
+            pooling="mean",
+        )
     ]

@@ -333,31 +333,40 @@ class DecoderForCausalLM(ModelArchitecture):
         ``*.kv_scale``) go to their attention layer's backend. A tied ``lm_head.weight`` is
         skipped; an unknown name or a shape mismatch raises ``ValueError`` naming the tensor.
         """
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if name.endswith(_IGNORED_SUFFIXES):
-                continue
-            if name == "lm_head.weight" and self.lm_head.tied:
-                continue
-            param = params.get(name)
-            if param is None and name.endswith(KV_SCALE_SUFFIXES):
-                load_kv_scale(self, name, tensor)  # fp8 KV cache scales: not parameters
-                continue
-            if param is None:
+        tied = self.lm_head.tied
+        return load_named_weights(
+            self, ((n, t) for n, t in weights if not (tied and n == "lm_head.weight"))
+        )
+
+
+def load_named_weights(
+    model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]
+) -> set[str]:
+    """Copy (name, tensor) pairs into ``model``'s parameters of the same name; see
+    ``DecoderForCausalLM.load_weights`` (quantized loaders, KV scales, errors)."""
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        if name.endswith(_IGNORED_SUFFIXES):
+            continue
+        param = params.get(name)
+        if param is None and name.endswith(KV_SCALE_SUFFIXES):
+            load_kv_scale(model, name, tensor)  # fp8 KV cache scales: not parameters
+            continue
+        if param is None:
+            raise ValueError(
+                f"checkpoint tensor {name!r} has no parameter in {type(model).__name__}; "
+                "is the checkpoint for a different architecture or quantization?"
+            )
+        weight_loader = getattr(param, "weight_loader", None)
+        if weight_loader is not None:
+            weight_loader(param, tensor)
+        else:
+            if tuple(param.shape) != tuple(tensor.shape):
                 raise ValueError(
-                    f"checkpoint tensor {name!r} has no parameter in {type(self).__name__}; "
-                    "is the checkpoint for a different architecture or quantization?"
+                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                    f"the model expects {tuple(param.shape)}"
                 )
-            weight_loader = getattr(param, "weight_loader", None)
-            if weight_loader is not None:
-                weight_loader(param, tensor)
-            else:
-                if tuple(param.shape) != tuple(tensor.shape):
-                    raise ValueError(
-                        f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
-                        f"the model expects {tuple(param.shape)}"
-                    )
-                param.data.copy_(tensor)
-            loaded.add(name)
-        return loaded
+            param.data.copy_(tensor)
+        loaded.add(name)
+    return loaded

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 
 import engine
 from engine.entrypoints.openai.auth import make_api_key_dependency
+from engine.entrypoints.openai.embedding_routes import add_embedding_routes
 from engine.entrypoints.openai.errors import (
     APIError,
     error_body,
@@ -56,13 +57,12 @@ from engine.entrypoints.openai.protocol import (
     TokenizeResponse,
 )
 from engine.entrypoints.openai.request_fields import check_extra_fields
+from engine.entrypoints.openai.responses_routes import add_responses_routes
 from engine.entrypoints.openai.serving_base import ClientDisconnected, ServingContext
 from engine.entrypoints.openai.serving_chat import ChatServing, messages_to_dicts
 from engine.entrypoints.openai.serving_completion import CompletionServing
-from engine.entrypoints.openai.stats_logger import (
-    StatsLogger,
-    WarnOnce,
-)
+from engine.entrypoints.openai.serving_embeddings import require_task
+from engine.entrypoints.openai.stats_logger import StatsLogger, WarnOnce
 from engine.entrypoints.openai.validation import (
     RequestLimits,
     reserved_template_kwargs,
@@ -228,15 +228,25 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         warn_extra(body)
         validate_chat_request(body, limits)
+        require_task(ctx, "generate")
         admit()
+        ctx.metrics.count_request("chat")
         return await chat.create(body, request)
 
     @router.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         warn_extra(body)
         validate_completion_request(body, limits)
+        require_task(ctx, "generate")
         admit()
+        ctx.metrics.count_request("completion")
         return await completion.create(body, request)
+
+    add_responses_routes(
+        router, ctx, chat, server_args.responses_store_size, admit, warn_extra,
+        lambda chat_req: validate_chat_request(chat_req, limits),
+    )  # fmt: skip
+    add_embedding_routes(router, ctx, admit, warn_extra)
 
     @router.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
@@ -282,6 +292,7 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
             "num_free_blocks": stats.num_free_blocks,
             "num_total_blocks": stats.num_total_blocks,
             "num_http_requests_in_flight": len(ctx.inflight),
+            "num_requests_in_flight_by_kind": ctx.inflight.count_by_kind(),
         }
         engine_loads = getattr(ctx.engine, "engine_loads", None)
         if callable(engine_loads):  # --data-parallel-size > 1: each engine's own

@@ -30,6 +30,9 @@ _ITL_BUCKETS = (
 )  # fmt: skip
 
 
+API_REQUEST_KINDS = ("chat", "completion", "responses", "embeddings", "score", "rerank")
+
+
 class _SchedulerCollector(Collector):
     """Reads the scheduler's gauges and cumulative counters when Prometheus scrapes."""
 
@@ -103,6 +106,11 @@ class ServerMetrics:
             labels + ["finish_reason"], registry=reg,
         )  # fmt: skip
 
+        self.api_requests = Counter(
+            "engine:api_requests", "HTTP API requests accepted, by route kind.",
+            labels + ["kind"], registry=reg,
+        )  # fmt: skip
+
         def hist(name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
             return Histogram(f"engine:{name}", doc, labels, buckets=buckets, registry=reg)
 
@@ -120,6 +128,12 @@ class ServerMetrics:
             family.labels(model_name)
         for reason in ("stop", "length", "abort", "error"):
             self.request_success.labels(model_name, reason)
+        for kind in API_REQUEST_KINDS:
+            self.api_requests.labels(model_name, kind)
+
+    def count_request(self, kind: str) -> None:
+        """One accepted API request of ``kind`` (one of ``API_REQUEST_KINDS``)."""
+        self.api_requests.labels(self.model_name, kind).inc()
 
     def render(self) -> bytes:
         return b"".join(generate_latest(r) for r in [self.registry, *self.extra_registries])

@@ -48,6 +48,13 @@ class InflightRequests:
     def __len__(self) -> int:
         return len(self.streams)
 
+    def count_by_kind(self) -> dict[str, int]:
+        """In-flight engine requests per route kind (``EngineStream.kind``)."""
+        counts: dict[str, int] = {}
+        for stream in self.streams.values():
+            counts[stream.kind] = counts.get(stream.kind, 0) + 1
+        return counts
+
     async def abort_all(self) -> None:
         for stream in list(self.streams.values()):
             stream.aborted_by_server = True
@@ -232,6 +239,7 @@ class EngineStream:
         self.req_id = req_id
         self.finished = False
         self.aborted_by_server = False
+        self.kind = "generate"  # what /load counts it as (set by the route that made it)
         self._gen = ctx.engine.generate(
             prompt, params, req_id, priority=priority, cache_salt=cache_salt
         )
