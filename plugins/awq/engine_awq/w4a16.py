@@ -147,20 +147,42 @@ def _w4a16_kernel(
         nxt = tl.load(qw_rows + (c + 1) * W, mask=mask_n[:, None] & (c + 1 < c_end), other=0)
         k0 = c * CHUNK
         if GROUP % CHUNK == 0:  # the whole chunk shares one zero and scale
-            part, xsum = _chunk_partial(x_rows, mask_m, words, k0, 0, 8, BLOCK_M, BLOCK_N, W, USE_DOT)
-            acc = _apply_group(acc, part, xsum, z_ptr, s_ptr, k0 // GROUP, stride_z, stride_s, offs_n, mask_n)
+            part, xsum = _chunk_partial(
+                x_rows, mask_m, words, k0, 0, 8, BLOCK_M, BLOCK_N, W, USE_DOT
+            )
+            acc = _apply_group(
+                acc, part, xsum, z_ptr, s_ptr, k0 // GROUP, stride_z, stride_s, offs_n, mask_n
+            )
         else:  # groups smaller than a chunk: one zero and scale per nibble slice
             for i in tl.static_range(8):
-                part, xsum = _chunk_partial(x_rows, mask_m, words, k0, i, i + 1, BLOCK_M, BLOCK_N, W, USE_DOT)
-                acc = _apply_group(acc, part, xsum, z_ptr, s_ptr, (k0 + i * W) // GROUP, stride_z, stride_s, offs_n, mask_n)
+                part, xsum = _chunk_partial(
+                    x_rows, mask_m, words, k0, i, i + 1, BLOCK_M, BLOCK_N, W, USE_DOT
+                )
+                acc = _apply_group(
+                    acc,
+                    part,
+                    xsum,
+                    z_ptr,
+                    s_ptr,
+                    (k0 + i * W) // GROUP,
+                    stride_z,
+                    stride_s,
+                    offs_n,
+                    mask_n,
+                )
         words = nxt
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT:
-        tl.store(out_ptr + pid_s * stride_op + offs_m[:, None] * stride_om + offs_n[None, :], acc, mask=mask)
+        tl.store(
+            out_ptr + pid_s * stride_op + offs_m[:, None] * stride_om + offs_n[None, :],
+            acc,
+            mask=mask,
+        )
     else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)  # fmt: skip
+        out_tile = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+        tl.store(out_tile, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -174,7 +196,8 @@ def _dequant_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_j = tl.arange(0, W)
     mask_n = offs_n < N
-    words = tl.load(qw_ptr + offs_n[:, None] * stride_qw + c * W + offs_j[None, :], mask=mask_n[:, None], other=0)  # fmt: skip
+    words_tile = qw_ptr + offs_n[:, None] * stride_qw + c * W + offs_j[None, :]
+    words = tl.load(words_tile, mask=mask_n[:, None], other=0)
     for i in tl.static_range(8):
         k = c * CHUNK + i * W
         g = k // GROUP
@@ -185,20 +208,21 @@ def _dequant_kernel(
         tl.store(out, w.to(out_ptr.dtype.element_ty), mask=mask_n[:, None])
 
 
-def default_config(num_tokens: int, num_out: int, chunk: int) -> GemmConfig:
-    """The tile for ``num_tokens`` rows: CUDA-core FMAs for a few rows, tensor cores
-    (``dot``, needs 16-row nibble slices: ``chunk`` 128) above; narrower tiles for narrow
-    layers so that more programs run."""
+def default_config(num_tokens: int, num_out: int, chunk: int, variant: str) -> GemmConfig:
+    """The tile for ``num_tokens`` rows in ``variant`` (``fma`` | ``dot``; ``dot`` needs
+    16-row nibble slices, ``chunk`` 128). Narrower tiles for narrow layers, so that more
+    programs run."""
     block_n = 128 if num_out >= 4096 else 64
-    if num_tokens <= FMA_MAX_TOKENS or chunk != 128:
-        block_m = 1 if num_tokens == 1 else 2 if num_tokens == 2 else 4
-        return GemmConfig("fma", block_m, block_n if block_m <= 2 else 64)
+    if variant == "fma":
+        block_m = min(triton.next_power_of_2(num_tokens), 16)
+        # The [BLOCK_M, BLOCK_N, W] product tile lives in registers.
+        while block_m * block_n * (chunk // 8) > 8192 and block_n > 16:
+            block_n //= 2
+        return GemmConfig("fma", block_m, block_n)
+    if chunk != 128:
+        raise ValueError(f"the dot variant needs chunk 128, not {chunk}")
     block_m = 16 if num_tokens <= 16 else 32 if num_tokens <= 32 else 64
     return GemmConfig("dot", block_m, block_n)
-
-
-FMA_MAX_TOKENS = 4  # above, tensor cores (first guess; benchmarks/quant_kernels_gpu.py)
-DOT_MAX_TOKENS = 256  # above, dequantize and multiply with cuBLAS
 
 
 def awq_w4a16_gemm(
@@ -221,7 +245,9 @@ def awq_w4a16_gemm(
     assert tiled_qweight.shape[1] * 8 == num_in and num_in % chunk == 0
     assert tiled_qweight.stride(1) == tiled_zeros.stride(1) == scales.stride(1) == 1
     assert x.stride(1) == 1
-    config = config or default_config(num_tokens, num_out, chunk)
+    if config is None:
+        variant = "dot" if num_tokens > 4 and chunk == 128 else "fma"
+        config = default_config(num_tokens, num_out, chunk, variant)
     use_dot = config.variant == "dot"
     if use_dot and chunk != 128:
         raise ValueError("the dot variant needs chunk 128 (16-row nibble slices)")

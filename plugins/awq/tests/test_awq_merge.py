@@ -1,6 +1,7 @@
-"""Merging AWQ projections (q/k/v, gate/up) into one layer: the torch dequantize path and
-the Triton kernel (Triton's interpreter on a CPU) compute the concatenation of the
-separate layers, and the originals keep working on column views of the merged tensors."""
+"""Merging AWQ projections (q/k/v, gate/up) into one layer: the checkpoint layout (torch
+dequantize path) and the tiled layout (W4A16 kernels; Triton's interpreter on a CPU)
+compute the concatenation of the separate layers, and the originals keep working on views
+of the merged tensors."""
 
 from __future__ import annotations
 
@@ -46,16 +47,23 @@ def _separate(layers: list[Linear], x: torch.Tensor) -> torch.Tensor:
         return torch.cat([layer(x) for layer in layers], dim=-1)
 
 
+def _tile(layers: list[Linear]) -> None:
+    for layer in layers:
+        if layer.awq_chunk is None:
+            assert layer.quant_method.repack(layer)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-def test_merged_equals_concatenation_torch_path(dtype: torch.dtype, bias: bool) -> None:
+def test_merged_equals_concatenation_checkpoint_layout(dtype: torch.dtype, bias: bool) -> None:
+    if DEVICE != "cpu":
+        pytest.skip("CUDA layers load into the tiled layout")
     layers = _layers(bias=bias, dtype=dtype)
-    for layer in layers:
-        layer.awq_use_triton = False
     x = _x(5, dtype)
     expected = _separate(layers, x)
     merged = merge_linears(layers)
     assert merged is not None and isinstance(merged.quant_method, AwqLinearMethod)
+    assert merged.awq_chunk is None
     assert (merged.qweight.shape, merged.qzeros.shape, merged.scales.shape) == (
         (128, 18),
         (4, 18),
@@ -73,34 +81,44 @@ def test_merged_equals_concatenation_torch_path(dtype: torch.dtype, bias: bool) 
         assert all(getattr(layer, name).untyped_storage().data_ptr() == ptr for layer in layers)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 19])
-def test_merged_equals_concatenation_triton_kernel(num_tokens: int) -> None:
+@pytest.mark.parametrize("num_tokens", [1, 8, 19, 300])  # fma, dot, dot, dequantize
+def test_merged_equals_concatenation_tiled(num_tokens: int) -> None:
     layers = _layers(group_size=64, bias=True)
-    for layer in layers:
-        layer.awq_use_triton = True
+    _tile(layers)
     x = _x(num_tokens, torch.float16)
     expected = _separate(layers, x).float()
     merged = merge_linears(layers)
-    assert merged is not None and merged.awq_use_triton
+    assert merged is not None and merged.awq_chunk == 128
+    assert (merged.tiled_qweight.shape, merged.tiled_zeros.shape, merged.scales.shape) == (
+        (144, 16),
+        (2, 144),
+        (2, 144),
+    )
     with torch.inference_mode():
         got = merged(x).float()
-        after = _separate(layers, x).float()  # the kernel on strided column views
+        after = _separate(layers, x).float()  # the kernels on views of the merged tensors
     bound = 2e-3 * expected.abs().max().item()  # fp16 output rounding, split-K order
     assert (got - expected).abs().max().item() <= bound
     assert (after - expected).abs().max().item() <= bound
-    assert not layers[1].qweight.is_contiguous()  # the views really are strided
+    assert not layers[1].scales.is_contiguous()  # the views really are strided
+    for name in ("tiled_qweight", "tiled_zeros", "scales"):
+        ptr = getattr(merged, name).untyped_storage().data_ptr()
+        assert all(getattr(layer, name).untyped_storage().data_ptr() == ptr for layer in layers)
 
 
 def test_refusals_leave_the_layers_alone() -> None:
     g32, g64 = _layers(group_size=32), _layers(group_size=64)
-    qweights = [layer.qweight for layer in g32]
+    name = "qweight" if g32[0].awq_chunk is None else "tiled_qweight"
+    qweights = [getattr(layer, name) for layer in g32]
     assert merge_linears([g32[0], g64[1]]) is None  # group sizes differ
     plain = Linear(128, 32, False, None, "plain", torch.float16).to(DEVICE)
     assert merge_linears([g32[0], plain]) is None  # AWQ and unquantized
-    g32[1].awq_use_triton = not g32[0].awq_use_triton
-    assert merge_linears(g32) is None  # different kernels
-    assert all(layer.qweight is q for layer, q in zip(g32, qweights, strict=True))
-    assert all(layer.qweight.is_contiguous() for layer in g32)
+    if g32[1].awq_chunk is None:
+        g32[1].quant_method.repack(g32[1])
+        assert merge_linears(g32) is None  # different layouts
+        assert all(layer.qweight is q for layer, q in zip(g32[::2], qweights[::2], strict=True))
+    else:
+        assert all(layer.tiled_qweight is q for layer, q in zip(g32, qweights, strict=True))
 
 
 @pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "LlamaForCausalLM"])
