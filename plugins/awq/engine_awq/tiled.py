@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 CHUNK_CHOICES = (128, 64, 32)
-_COLUMN_BLOCK = 4096  # columns repacked at a time (bounds the int32 temporaries)
+_COLUMN_BLOCK = 1024  # columns repacked at a time (bounds the int64 temporaries)
 
 
 def pick_chunk(num_in: int, group_size: int) -> int | None:
