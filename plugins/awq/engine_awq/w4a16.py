@@ -82,6 +82,15 @@ def _chunk_partial(
             codes = ((words >> (4 * i)) & 0xF).to(x.dtype)
             part = tl.dot(x, tl.trans(codes), part)
             xsum += tl.sum(x.to(tl.float32), axis=1)
+    elif BLOCK_M == 1:  # decode: a [BLOCK_N, W] product tile, no third dimension
+        hi = words >> 12
+        prod2 = tl.zeros((BLOCK_N, W), dtype=tl.float32)
+        for i in tl.static_range(FIRST, LAST):
+            x = tl.load(x_rows + k0 + i * W, mask=mask_m[:, None], other=0.0).to(tl.float32)
+            xsum += tl.sum(x, axis=1)
+            x = x * (1.0 / (1 << (4 * i - 12 * (i // 5))))
+            prod2 += x * _codes_scaled(words, hi, i)  # [1, W] broadcast over the rows
+        part = tl.sum(prod2, axis=1)[None, :]
     else:
         hi = words >> 12
         prod = tl.zeros((BLOCK_M, BLOCK_N, W), dtype=tl.float32)

@@ -92,6 +92,8 @@ def _w8a16_kernel(
         x = tl.load(x_rows + k0, mask=mask_m[:, None] & (k0 + offs_k < k_end)[None, :], other=0.0)
         if USE_DOT:
             part = tl.dot(x, tl.trans(w.to(x.dtype)))
+        elif BLOCK_M == 1:  # decode: [1, BLOCK_K] broadcast over the [BLOCK_N, BLOCK_K] tile
+            part = tl.sum(x.to(tl.float32) * w.to(tl.float32), axis=1)[None, :]
         else:
             prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
             part = tl.sum(prod, axis=2)
