@@ -111,9 +111,29 @@ def num_copies(nbytes: int) -> int:
     return max(1, min(MAX_COPIES, -(-L2_BYTES // max(nbytes, 1))))
 
 
+ERRORS: list[str] = []  # kernels that failed to compile or run (the run goes on)
+
+
 def timed(make: Callable[[int], Callable[[], Any]], nbytes: int) -> float | None:
-    """Time ``make(i)()`` over enough copies ``i`` of the weights to miss the L2."""
-    return graph_ms([make(i) for i in range(num_copies(nbytes))])
+    """Time ``make(i)()`` over enough copies ``i`` of the weights to miss the L2; None
+    (and the error in ``ERRORS``) when it fails."""
+    try:
+        return graph_ms([make(i) for i in range(num_copies(nbytes))])
+    except Exception as exc:  # a config that does not compile must not end the run
+        ERRORS.append(f"timing: {type(exc).__name__}: {str(exc)[:300]}")
+        print(f"  {ERRORS[-1]}", file=sys.stderr)
+        torch.cuda.synchronize()
+        return None
+
+
+def checked(name: str, fn: Callable[[], torch.Tensor], want: torch.Tensor) -> dict[str, Any]:
+    """``{"kernel", "rel_err"}``; ``rel_err`` inf (and the error kept) when ``fn`` fails."""
+    try:
+        return {"kernel": name, "rel_err": _rel(fn(), want)}
+    except Exception as exc:
+        ERRORS.append(f"{name}: {type(exc).__name__}: {str(exc)[:300]}")
+        print(f"  {ERRORS[-1]}", file=sys.stderr)
+        return {"kernel": name, "rel_err": float("inf"), "error": ERRORS[-1]}
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -190,7 +210,7 @@ def check_shape(s: Shape, m: int, x: torch.Tensor) -> list[dict[str, Any]]:
     )
     cands["awq_deq"] = lambda: x @ w4a16.awq_w4a16_dequantize(*_awq_args(s.awq), DTYPE).t()
     for name, fn in cands.items():
-        rows.append({"kernel": name, "rel_err": _rel(fn(), awq_want)})
+        rows.append(checked(name, fn, awq_want))
     if m == 1:  # the load-time repack: exactly the checkpoint's weight
         ckpt = awq_dequantize(*s.awq_ckpt, GROUP, torch.float32).t()
         rows.append({"kernel": "awq_repack", "rel_err": _rel(s.awq_ref, ckpt)})
@@ -198,8 +218,15 @@ def check_shape(s: Shape, m: int, x: torch.Tensor) -> list[dict[str, Any]]:
         want = x.float() @ s.fp8_refs[kind].t()
         for variant in ("fma", "dot") if m <= 16 else ("dot",):
             cfg = w8a16.default_config(m, s.num_out, variant, block)
-            got = w8a16.fp8_w8a16_gemm(x, weight, scale, block, None, cfg)
-            rows.append({"kernel": f"w8a16_{kind}_{variant}", "rel_err": _rel(got, want)})
+            rows.append(
+                checked(
+                    f"w8a16_{kind}_{variant}",
+                    lambda weight=weight, scale=scale, block=block, cfg=cfg: w8a16.fp8_w8a16_gemm(
+                        x, weight, scale, block, None, cfg
+                    ),
+                    want,
+                )
+            )
     for row in rows:
         row["ok"] = row["rel_err"] <= TOLERANCE
     return rows
@@ -443,10 +470,13 @@ def main() -> int:
         "correctness": correctness,
         "speed": speed,
         "sweep": sweep_rows,
+        "errors": ERRORS,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=2))
+    if ERRORS:
+        print(f"\n{len(ERRORS)} error(s):\n" + "\n".join(ERRORS[:20]))
     print(f"\nwrote {out} in {payload['seconds']:.0f} s; {len(failed)} check(s) failed")
     return 1 if failed else 0
 
