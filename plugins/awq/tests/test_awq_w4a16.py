@@ -101,13 +101,24 @@ GEMM_CASES = [
 ]
 
 
+# Output rounding relative to the largest output: fp16 2^-11, bf16 2^-8, with margin.
+TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
 @pytest.mark.parametrize(("num_tokens", "num_in", "num_out", "group_size", "config"), GEMM_CASES)
 @pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_gemm_equals_dequantized_reference(
-    num_tokens: int, num_in: int, num_out: int, group_size: int, config: GemmConfig, bias: bool
+    num_tokens: int,
+    num_in: int,
+    num_out: int,
+    group_size: int,
+    config: GemmConfig,
+    bias: bool,
+    dtype: torch.dtype,
 ) -> None:
     qweight, zeros, scales, chunk, reference = _tiled(num_in, num_out, group_size)
-    x = _x(num_tokens, num_in, torch.float16)
+    x = _x(num_tokens, num_in, dtype)
     b = (
         torch.randn(num_out, generator=torch.Generator().manual_seed(2)).to(DEVICE)
         if bias
@@ -117,8 +128,8 @@ def test_gemm_equals_dequantized_reference(
     want = x.double().cpu() @ reference.double().cpu()
     if b is not None:
         want = want + b.double().cpu()
-    assert out.shape == (num_tokens, num_out) and out.dtype == torch.float16
-    assert _rel_err(out, want) <= 2e-3  # fp16 output rounding
+    assert out.shape == (num_tokens, num_out) and out.dtype == dtype
+    assert _rel_err(out, want) <= TOLERANCE[dtype]
 
 
 def test_gemm_float32_is_exact_to_rounding() -> None:

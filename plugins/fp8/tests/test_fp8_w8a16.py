@@ -59,18 +59,23 @@ GEMM_CASES = [
 ]
 
 
+# Output rounding relative to the largest output: fp16 2^-11, bf16 2^-8, with margin.
+TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
 @pytest.mark.parametrize(("num_tokens", "num_in", "num_out", "config"), GEMM_CASES)
 @pytest.mark.parametrize("kind", ["tensor", "channel", "block"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_gemm_equals_dequantized_reference(
-    kind: str, num_tokens: int, num_in: int, num_out: int, config: GemmConfig
+    kind: str, num_tokens: int, num_in: int, num_out: int, config: GemmConfig, dtype: torch.dtype
 ) -> None:
     q, scale, block, dequantized = _weights(kind, num_out, num_in)
-    x = _x(num_tokens, num_in, torch.float16)
+    x = _x(num_tokens, num_in, dtype)
     bias = torch.randn(num_out, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     out = fp8_w8a16_gemm(x, q, scale, block, bias, config)
     want = x.double().cpu() @ dequantized.double().t() + bias.double().cpu()
-    assert out.shape == (num_tokens, num_out) and out.dtype == torch.float16
-    assert _rel_err(out, want) <= 2e-3  # fp16 output rounding
+    assert out.shape == (num_tokens, num_out) and out.dtype == dtype
+    assert _rel_err(out, want) <= TOLERANCE[dtype]
 
 
 def test_gemm_partial_scale_blocks_and_float32() -> None:
