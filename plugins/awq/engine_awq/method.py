@@ -24,7 +24,11 @@ launch computes all::
     tiled_qweight [Nq | Nk | Nv, K/8]   tiled_zeros [K/G, Nq | ...]   scales [K/G, Nq | ...]
     (checkpoint layout: qweight [K, Nq/8 | Nk/8 | Nv/8], qzeros [K/G, Nq/8 | ...])
 
-The original layers keep column views of the merged tensors.
+The original layers keep views of the merged tensors (row blocks of ``tiled_qweight``,
+column blocks of the others), which the kernels read through their strides.
+
+A layer whose K or group size fits no tiled chunk (K not a multiple of 32, or a group size
+not a multiple of 4) keeps the checkpoint layout and the reference path, also on CUDA.
 """
 
 from __future__ import annotations

@@ -104,9 +104,15 @@ def _chunk_partial(
 
 
 @triton.jit
-def _apply_group(acc, part, xsum, z_ptr, s_ptr, g, stride_z, stride_s, offs_n, mask_n):
-    z = tl.load(z_ptr + g * stride_z + offs_n, mask=mask_n, other=0).to(tl.float32)
-    s = tl.load(s_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+def _load_group(z_ptr, s_ptr, g, stride_z, stride_s, offs_n, mask):
+    """(zero points, scales) of group ``g`` as float32 [BLOCK_N]; zeros where ``mask`` is off."""
+    z = tl.load(z_ptr + g * stride_z + offs_n, mask=mask, other=0).to(tl.float32)
+    s = tl.load(s_ptr + g * stride_s + offs_n, mask=mask, other=0.0).to(tl.float32)
+    return z, s
+
+
+@triton.jit
+def _apply_group(acc, part, xsum, z, s):
     return acc + s[None, :] * (part - xsum[:, None] * z[None, :])
 
 
@@ -151,34 +157,32 @@ def _w4a16_kernel(
     c_end = tl.minimum(c_start + chunks_per_split, num_chunks)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     words = tl.load(qw_rows + c_start * W, mask=mask_n[:, None] & (c_start < c_end), other=0)
+    z, s = _load_group(z_ptr, s_ptr, (c_start * CHUNK) // GROUP, stride_z, stride_s, offs_n, mask_n)
     for c in range(c_start, c_end):
-        # Ask for the next chunk's words before this chunk's arithmetic.
-        nxt = tl.load(qw_rows + (c + 1) * W, mask=mask_n[:, None] & (c + 1 < c_end), other=0)
+        # Ask for the next chunk's words (and its zeros and scales) before this chunk's
+        # arithmetic.
+        has_next = c + 1 < c_end
+        nxt = tl.load(qw_rows + (c + 1) * W, mask=mask_n[:, None] & has_next, other=0)
         k0 = c * CHUNK
         if GROUP % CHUNK == 0:  # the whole chunk shares one zero and scale
+            nxt_z, nxt_s = _load_group(
+                z_ptr, s_ptr, (k0 + CHUNK) // GROUP, stride_z, stride_s, offs_n,
+                mask_n & has_next,
+            )  # fmt: skip
             part, xsum = _chunk_partial(
                 x_rows, mask_m, words, k0, 0, 8, BLOCK_M, BLOCK_N, W, USE_DOT
             )
-            acc = _apply_group(
-                acc, part, xsum, z_ptr, s_ptr, k0 // GROUP, stride_z, stride_s, offs_n, mask_n
-            )
+            acc = _apply_group(acc, part, xsum, z, s)
+            z, s = nxt_z, nxt_s
         else:  # groups smaller than a chunk: one zero and scale per nibble slice
             for i in tl.static_range(8):
                 part, xsum = _chunk_partial(
                     x_rows, mask_m, words, k0, i, i + 1, BLOCK_M, BLOCK_N, W, USE_DOT
                 )
-                acc = _apply_group(
-                    acc,
-                    part,
-                    xsum,
-                    z_ptr,
-                    s_ptr,
-                    (k0 + i * W) // GROUP,
-                    stride_z,
-                    stride_s,
-                    offs_n,
-                    mask_n,
+                zi, si = _load_group(
+                    z_ptr, s_ptr, (k0 + i * W) // GROUP, stride_z, stride_s, offs_n, mask_n
                 )
+                acc = _apply_group(acc, part, xsum, zi, si)
         words = nxt
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT:
