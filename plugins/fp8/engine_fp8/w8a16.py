@@ -135,7 +135,8 @@ def default_config(
         block_n = max(16, min(128 if num_out >= 4096 else 64, 8192 // (block_m * block_k)))
     else:
         block_m = 16 if num_tokens <= 16 else 32 if num_tokens <= 32 else 64
-        block_n, block_k = (128 if num_out >= 4096 else 64), 128
+        # A [64, 128] fp8 tile (8 KB) and the next one stay in registers with its bf16 copy.
+        block_n, block_k = 64, 128
     if block is not None:
         while block[1] % block_k:
             block_k //= 2
