@@ -6,7 +6,8 @@ program owns ``BLOCK_N`` output columns and ``BLOCK_M`` rows over a range of K c
 (split-K: a decode step has few output tiles, so K is split until about
 ``PROGRAMS_PER_SM`` programs per multiprocessor run; the parts meet in
 :func:`engine_sdk.layers.split_k.reduce_split_k`). Per chunk it loads the ``W`` words of
-each of its rows (the next chunk's words are requested before this chunk is computed),
+each of its rows (the next chunk's words, zero points and scales are requested before
+this chunk is computed),
 and per nibble ``i`` the ``W`` activations that nibble multiplies. Zero points and scales
 are applied once per group slice, not per weight::
 
@@ -18,7 +19,8 @@ Two inner products (``VARIANT``):
   ``(word & 0xF << 4i) | 0x4B000000`` read as float32 is ``2^23 + q * 16^i`` exactly, so a
   subtraction gives ``q * 16^i`` and ``16^-i`` is folded into that nibble's activations
   (exact, a power of two). Nibbles 5..7 are read from ``word >> 12`` the same way. Products
-  accumulate in a [M, N, W] register tile, summed over W once per chunk.
+  accumulate in a [BLOCK_M, BLOCK_N, W] register tile ([BLOCK_N, W] for one token), summed
+  over W once per chunk.
 - ``dot`` (more rows): the codes of nibble ``i`` are a [BLOCK_N, W = 16] tile of small
   integers, exact in fp16/bf16, multiplied by tensor cores against x's [BLOCK_M, 16] slice.
 
