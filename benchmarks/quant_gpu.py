@@ -11,10 +11,12 @@ Three parts, printed as tables and written as one JSON (command, GPU, torch/trit
    - fp8 (``torch._scaled_mm``, dynamic per-tensor and per-token activations) against an
      fp32 emulation of the same W8A8 math (must agree to bf16 rounding), and against the
      dequantized-weight bf16 matmul (the activation quantization error, for information);
-   - AWQ Triton dequantize-GEMM against the torch dequantize reference in fp32.
+   - the AWQ layer (tiled layout, W4A16 kernels) against the torch dequantize reference
+     in fp32.
 2. speed: ``triton.testing.do_bench`` of each quantized layer's ``apply`` (what the engine
    runs, activation quantization included) and of the raw AWQ kernel, against
-   ``F.linear`` in bf16, for 1 to 4096 tokens.
+   ``F.linear`` in bf16, for 1 to 4096 tokens (``awq_kernel_ms``: the previous kernel on the
+   checkpoint layout, ``engine_awq.triton_gemm``).
 3. weights memory: both models built from their configs (random weights, no download)
    with bf16, online fp8 and AWQ (group 128) linear layers; parameter bytes and
    ``torch.cuda.memory_allocated``.
@@ -166,11 +168,13 @@ def check_awq(num_in: int, num_out: int, num_tokens: int) -> dict[str, Any]:
     gen = torch.Generator(device=DEVICE).manual_seed(1)
     w = torch.randn(num_out, num_in, device=DEVICE, generator=gen) * 0.02
     x = torch.randn(num_tokens, num_in, device=DEVICE, generator=gen, dtype=torch.bfloat16)
-    layer = awq_layer(num_in, num_out, w)
-    kernel = awq_gemm_triton(x, layer.qweight, layer.qzeros, layer.scales, 128)
-    ref_w = awq_dequantize(layer.qweight, layer.qzeros, layer.scales, 128, torch.float32)
+    layer = awq_layer(num_in, num_out, w)  # on CUDA: the tiled layout and its kernels
+    with torch.inference_mode():
+        got = layer(x)
+    qweight, qzeros, scales = awq_quantize(w.float(), 128)
+    ref_w = awq_dequantize(qweight, qzeros, scales, 128, torch.float32)
     ref = x.float() @ ref_w
-    err = _rel(kernel, ref)
+    err = _rel(got, ref)
     return {"rel_err_kernel_vs_reference": err, "ok": err < 2e-2}
 
 
@@ -186,6 +190,7 @@ def bench_shape(num_in: int, num_out: int, tokens: tuple[int, ...]) -> list[dict
     fp8_tensor = fp8_layer(num_in, num_out, w, "tensor")
     fp8_token = fp8_layer(num_in, num_out, w, "token")
     awq = awq_layer(num_in, num_out, w)
+    old = [t.to(DEVICE) for t in awq_quantize(w.float(), 128)]  # the checkpoint layout
     rows = []
     for m in tokens:
         x = torch.randn(m, num_in, device=DEVICE, dtype=torch.bfloat16)
@@ -196,7 +201,7 @@ def bench_shape(num_in: int, num_out: int, tokens: tuple[int, ...]) -> list[dict
         row["awq_ms"] = bench_ms(lambda x=x: awq(x))
         if m <= 256:
             row["awq_kernel_ms"] = bench_ms(
-                lambda x=x: awq_gemm_triton(x, awq.qweight, awq.qzeros, awq.scales, 128)
+                lambda x=x: awq_gemm_triton(x, old[0], old[1], old[2], 128)
             )
         rows.append(row)
     return rows

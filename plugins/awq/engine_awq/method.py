@@ -3,21 +3,32 @@
 Parameters are the checkpoint's, by name: ``qweight`` int32 [in, out/8], ``qzeros`` int32
 [in/group, out/8], ``scales`` fp16 [in/group, out] (layout in :mod:`engine_awq.packing`).
 
-Matmul paths:
+Load time (``process_weights_after_loading``): on CUDA with Triton the packed tensors are
+repacked into the tiled layout the W4A16 kernels read (:mod:`engine_awq.tiled`:
+``tiled_qweight`` int32 [N, K/8], ``tiled_zeros`` uint8 [K/G, N], ``scales`` unchanged)
+and ``qweight`` / ``qzeros`` are dropped; elsewhere the checkpoint layout stays.
 
-- CUDA, fp16/bf16 activations, up to ``TRITON_MAX_TOKENS`` tokens: the fused Triton
-  dequantize-GEMM (:mod:`engine_awq.triton_gemm`), which reads 4-bit weights only.
-- CUDA with more tokens (prefill): dequantize once per call and use the dense matmul,
-  which is compute-bound there and faster than the fused kernel.
-- CPU (and CUDA without Triton): the torch reference, dequantize then matmul.
+Matmul paths (:func:`select_path`):
 
-Merging (:meth:`AwqLinearMethod.merge`, for q/k/v and gate/up): the three tensors are
-concatenated along their output (N) dimension, which packing never crosses (8 columns per
-int32, and every layer has a multiple of 8 outputs), so one kernel launch computes all::
+- tiled, fp16/bf16 activations, up to ``FMA_MAX_TOKENS`` tokens: ``fma``, the W4A16 GEMM
+  on CUDA cores; up to ``DOT_MAX_TOKENS``: ``dot``, the same GEMM on tensor cores
+  (:mod:`engine_awq.w4a16`);
+- tiled, more tokens (prefill) or other dtypes: ``dequant``, the dense weight written by one
+  Triton pass, then the dense matmul (compute-bound there);
+- checkpoint layout (CPU, CUDA without Triton): ``reference``, torch dequantize then matmul.
 
-    qweight [K, Nq/8 | Nk/8 | Nv/8]   qzeros [K/G, Nq/8 | ...]   scales [K/G, Nq | Nk | Nv]
+Merging (:meth:`AwqLinearMethod.merge`, for q/k/v and gate/up): the tensors are
+concatenated along their output (N) dimension, which no packing crosses, so one kernel
+launch computes all::
 
-The original layers keep column views of the merged tensors.
+    tiled_qweight [Nq | Nk | Nv, K/8]   tiled_zeros [K/G, Nq | ...]   scales [K/G, Nq | ...]
+    (checkpoint layout: qweight [K, Nq/8 | Nk/8 | Nv/8], qzeros [K/G, Nq/8 | ...])
+
+The original layers keep views of the merged tensors (row blocks of ``tiled_qweight``,
+column blocks of the others), which the kernels read through their strides.
+
+A layer whose K or group size fits no tiled chunk (K not a multiple of 32, or a group size
+not a multiple of 4) keeps the checkpoint layout and the reference path, also on CUDA.
 """
 
 from __future__ import annotations
@@ -30,10 +41,33 @@ from engine_sdk.layers.linear import share_merged
 from engine_sdk.runtime import triton_available
 
 from engine_awq.packing import PACK_FACTOR, awq_dequantize
+from engine_awq.tiled import dequantize_tiled, pick_chunk, repack_tiled
 
-__all__ = ["AwqLinearMethod", "TRITON_MAX_TOKENS"]
+__all__ = ["FMA_MAX_TOKENS", "DOT_MAX_TOKENS", "AwqLinearMethod", "select_path"]
 
-TRITON_MAX_TOKENS = 256
+FMA_MAX_TOKENS = 4  # CUDA-core W4A16 up to here (first guess: quant_kernels_gpu.py measures)
+DOT_MAX_TOKENS = 256  # tensor-core W4A16 up to here, then dequantize + dense matmul
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def kernels_usable(device: torch.device) -> bool:
+    """Whether the Triton W4A16 kernels run on ``device`` (CUDA with Triton)."""
+    return device.type == "cuda" and triton_available()
+
+
+def select_path(layer: torch.nn.Module, num_tokens: int, dtype: torch.dtype) -> str:
+    """``fma`` | ``dot`` | ``dequant`` | ``reference`` for ``num_tokens`` rows of ``dtype``
+    (see the module docstring)."""
+    chunk = getattr(layer, "awq_chunk", None)
+    if chunk is None:
+        return "reference"
+    if dtype not in _KERNEL_DTYPES or num_tokens == 0:
+        return "dequant"
+    if num_tokens <= FMA_MAX_TOKENS:
+        return "fma"
+    if num_tokens <= DOT_MAX_TOKENS and chunk == 128:
+        return "dot"
+    return "dequant"
 
 
 def _exact_loader(layer_name: str):  # type: ignore[no-untyped-def]
@@ -93,69 +127,107 @@ class AwqLinearMethod(QuantizationMethod):
             layer.register_parameter(param_name, param)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        from engine_awq.triton_gemm import pick_block_k
+        layer.awq_chunk = None
+        if kernels_usable(layer.qweight.device):
+            self.repack(layer)
 
-        layer.awq_use_triton = (
-            layer.qweight.device.type == "cuda"
-            and triton_available()
-            and pick_block_k(layer.awq_group_size) is not None
-        )
+    def repack(self, layer: torch.nn.Module) -> bool:
+        """Switch ``layer`` to the tiled layout the kernels read (on its device; also on a
+        CPU, where Triton's interpreter runs them in tests). False when no chunk fits."""
+        chunk = pick_chunk(layer.qweight.shape[0], layer.awq_group_size)
+        if chunk is None:
+            return False
+        tiled, zeros = repack_tiled(layer.qweight.data, layer.qzeros.data, chunk)
+        del layer.qweight, layer.qzeros
+        layer.register_parameter("tiled_qweight", _frozen(tiled))
+        layer.register_parameter("tiled_zeros", _frozen(zeros))
+        layer.awq_chunk = chunk
+        return True
 
     def dequantize_weight(self, layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """The layer's weight as ``dtype`` [out, in] (``nn.Linear`` orientation)."""
-        w = awq_dequantize(layer.qweight, layer.qzeros, layer.scales, layer.awq_group_size, dtype)
+        group_size = layer.awq_group_size
+        if layer.awq_chunk is not None:
+            w = dequantize_tiled(
+                layer.tiled_qweight, layer.tiled_zeros, layer.scales, group_size,
+                layer.awq_chunk, dtype,
+            )  # fmt: skip
+        else:
+            w = awq_dequantize(layer.qweight, layer.qzeros, layer.scales, group_size, dtype)
         return w.t()
 
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        use_kernel = (
-            getattr(layer, "awq_use_triton", False)
-            and x.dtype in (torch.float16, torch.bfloat16)
-            and x2.shape[0] <= TRITON_MAX_TOKENS
-        )
-        if use_kernel:
-            from engine_awq.triton_gemm import awq_gemm_triton
-
-            out = awq_gemm_triton(
-                x2, layer.qweight, layer.qzeros, layer.scales, layer.awq_group_size
-            )
-        else:
+        path = select_path(layer, x2.shape[0], x.dtype)
+        if path == "reference":
             w = awq_dequantize(
                 layer.qweight, layer.qzeros, layer.scales, layer.awq_group_size, x.dtype
             )
             out = x2 @ w
-        if bias is not None:
-            out = out + bias
+            if bias is not None:
+                out = out + bias
+        elif path == "dequant":
+            from engine_awq.w4a16 import awq_w4a16_dequantize
+
+            w = awq_w4a16_dequantize(
+                layer.tiled_qweight, layer.tiled_zeros, layer.scales, layer.awq_group_size,
+                layer.awq_chunk, x.dtype,
+            )  # fmt: skip
+            out = torch.nn.functional.linear(x2, w, None if bias is None else bias.to(x.dtype))
+        else:
+            from engine_awq.w4a16 import awq_w4a16_gemm, default_config
+
+            x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+            num_out = layer.tiled_qweight.shape[0]
+            config = default_config(x2.shape[0], num_out, layer.awq_chunk, path)
+            out = awq_w4a16_gemm(
+                x2, layer.tiled_qweight, layer.tiled_zeros, layer.scales,
+                layer.awq_group_size, layer.awq_chunk, bias, config,
+            )  # fmt: skip
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     def merge(
         self, layers: Sequence[torch.nn.Module], merged: torch.nn.Module
     ) -> QuantizationMethod | None:
-        """Concatenate ``qweight``, ``qzeros`` and ``scales`` along N; ``None`` unless the
-        layers share the group size, the kernel choice and the tensors' dtypes and device."""
+        """Concatenate the packed tensors along N; ``None`` unless the layers share the
+        group size, the layout (checkpoint or tiled, and its chunk) and the tensors' dtypes
+        and device."""
         first = layers[0]
         same = all(
             isinstance(layer.quant_method, AwqLinearMethod)
             and layer.awq_group_size == first.awq_group_size
-            and getattr(layer, "awq_use_triton", False) == getattr(first, "awq_use_triton", False)
+            and getattr(layer, "awq_chunk", None) == getattr(first, "awq_chunk", None)
             for layer in layers
         )
-        if not same or len({_tensor_kinds(layer) for layer in layers}) != 1:
+        if not same:
             return None
-        for name in _PACKED_NAMES:
-            tensor = torch.cat([getattr(layer, name).data for layer in layers], dim=1)
-            merged.register_parameter(name, torch.nn.Parameter(tensor, requires_grad=False))
-            sizes = [getattr(layer, name).shape[1] for layer in layers]
-            share_merged(layers, name, tensor, dim=1, sizes=sizes)
+        tiled = getattr(first, "awq_chunk", None) is not None
+        names = _TILED_NAMES if tiled else _PACKED_NAMES
+        if len({_tensor_kinds(layer, names) for layer in layers}) != 1:
+            return None
+        for name in names:
+            # tiled_qweight is [N, K/8]: its output dimension is 0; the others' is 1.
+            dim = 0 if name == "tiled_qweight" else 1
+            tensor = torch.cat([getattr(layer, name).data for layer in layers], dim=dim)
+            merged.register_parameter(name, _frozen(tensor))
+            sizes = [getattr(layer, name).shape[dim] for layer in layers]
+            share_merged(layers, name, tensor, dim=dim, sizes=sizes)
         merged.awq_group_size = first.awq_group_size
-        merged.awq_use_triton = getattr(first, "awq_use_triton", False)
+        merged.awq_chunk = getattr(first, "awq_chunk", None)
         return AwqLinearMethod(self.group_size)
 
 
 _PACKED_NAMES = ("qweight", "qzeros", "scales")
+_TILED_NAMES = ("tiled_qweight", "tiled_zeros", "scales")
 
 
-def _tensor_kinds(layer: torch.nn.Module) -> tuple[tuple[torch.dtype, torch.device], ...]:
-    return tuple((getattr(layer, n).dtype, getattr(layer, n).device) for n in _PACKED_NAMES)
+def _frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
+    return torch.nn.Parameter(tensor, requires_grad=False)
+
+
+def _tensor_kinds(
+    layer: torch.nn.Module, names: tuple[str, ...]
+) -> tuple[tuple[torch.dtype, torch.device], ...]:
+    return tuple((getattr(layer, n).dtype, getattr(layer, n).device) for n in names)

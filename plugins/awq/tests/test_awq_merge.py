@@ -1,6 +1,7 @@
-"""Merging AWQ projections (q/k/v, gate/up) into one layer: the torch dequantize path and
-the Triton kernel (Triton's interpreter on a CPU) compute the concatenation of the
-separate layers, and the originals keep working on column views of the merged tensors."""
+"""Merging AWQ projections (q/k/v, gate/up) into one layer: the checkpoint layout (torch
+dequantize path) and the tiled layout (W4A16 kernels; Triton's interpreter on a CPU)
+compute the concatenation of the separate layers, and the originals keep working on views
+of the merged tensors."""
 
 from __future__ import annotations
 
@@ -46,16 +47,23 @@ def _separate(layers: list[Linear], x: torch.Tensor) -> torch.Tensor:
         return torch.cat([layer(x) for layer in layers], dim=-1)
 
 
+def _tile(layers: list[Linear]) -> None:
+    for layer in layers:
+        if layer.awq_chunk is None:
+            assert layer.quant_method.repack(layer)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-def test_merged_equals_concatenation_torch_path(dtype: torch.dtype, bias: bool) -> None:
+def test_merged_equals_concatenation_checkpoint_layout(dtype: torch.dtype, bias: bool) -> None:
+    if DEVICE != "cpu":
+        pytest.skip("CUDA layers load into the tiled layout")
     layers = _layers(bias=bias, dtype=dtype)
-    for layer in layers:
-        layer.awq_use_triton = False
     x = _x(5, dtype)
     expected = _separate(layers, x)
     merged = merge_linears(layers)
     assert merged is not None and isinstance(merged.quant_method, AwqLinearMethod)
+    assert merged.awq_chunk is None
     assert (merged.qweight.shape, merged.qzeros.shape, merged.scales.shape) == (
         (128, 18),
         (4, 18),
@@ -73,34 +81,44 @@ def test_merged_equals_concatenation_torch_path(dtype: torch.dtype, bias: bool) 
         assert all(getattr(layer, name).untyped_storage().data_ptr() == ptr for layer in layers)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 19])
-def test_merged_equals_concatenation_triton_kernel(num_tokens: int) -> None:
+@pytest.mark.parametrize("num_tokens", [1, 8, 19, 300])  # fma, dot, dot, dequantize
+def test_merged_equals_concatenation_tiled(num_tokens: int) -> None:
     layers = _layers(group_size=64, bias=True)
-    for layer in layers:
-        layer.awq_use_triton = True
+    _tile(layers)
     x = _x(num_tokens, torch.float16)
     expected = _separate(layers, x).float()
     merged = merge_linears(layers)
-    assert merged is not None and merged.awq_use_triton
+    assert merged is not None and merged.awq_chunk == 128
+    assert (merged.tiled_qweight.shape, merged.tiled_zeros.shape, merged.scales.shape) == (
+        (144, 16),
+        (2, 144),
+        (2, 144),
+    )
     with torch.inference_mode():
         got = merged(x).float()
-        after = _separate(layers, x).float()  # the kernel on strided column views
+        after = _separate(layers, x).float()  # the kernels on views of the merged tensors
     bound = 2e-3 * expected.abs().max().item()  # fp16 output rounding, split-K order
     assert (got - expected).abs().max().item() <= bound
     assert (after - expected).abs().max().item() <= bound
-    assert not layers[1].qweight.is_contiguous()  # the views really are strided
+    assert not layers[1].scales.is_contiguous()  # the views really are strided
+    for name in ("tiled_qweight", "tiled_zeros", "scales"):
+        ptr = getattr(merged, name).untyped_storage().data_ptr()
+        assert all(getattr(layer, name).untyped_storage().data_ptr() == ptr for layer in layers)
 
 
 def test_refusals_leave_the_layers_alone() -> None:
     g32, g64 = _layers(group_size=32), _layers(group_size=64)
-    qweights = [layer.qweight for layer in g32]
+    name = "qweight" if g32[0].awq_chunk is None else "tiled_qweight"
+    qweights = [getattr(layer, name) for layer in g32]
     assert merge_linears([g32[0], g64[1]]) is None  # group sizes differ
     plain = Linear(128, 32, False, None, "plain", torch.float16).to(DEVICE)
     assert merge_linears([g32[0], plain]) is None  # AWQ and unquantized
-    g32[1].awq_use_triton = not g32[0].awq_use_triton
-    assert merge_linears(g32) is None  # different kernels
-    assert all(layer.qweight is q for layer, q in zip(g32, qweights, strict=True))
-    assert all(layer.qweight.is_contiguous() for layer in g32)
+    if g32[1].awq_chunk is None:
+        g32[1].quant_method.repack(g32[1])
+        assert merge_linears(g32) is None  # different layouts
+        assert all(layer.qweight is q for layer, q in zip(g32[::2], qweights[::2], strict=True))
+    else:
+        assert all(layer.tiled_qweight is q for layer, q in zip(g32, qweights, strict=True))
 
 
 @pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "LlamaForCausalLM"])
@@ -119,3 +137,27 @@ def test_tiny_model_gives_the_same_tokens_merged(arch: str, tmp_path: Path) -> N
     merged_tokens, merged_logits = greedy(merged, prompt, 8)
     assert merged_tokens == tokens
     torch.testing.assert_close(merged_logits, logits, rtol=1e-4, atol=1e-4)
+
+
+def test_tiny_model_tiled_kernels_match_the_reference_layout(tmp_path: Path) -> None:
+    """A whole fp16 model on the tiled layout (W4A16 kernels, merged projections) against
+    the same weights on the checkpoint layout (torch dequantize path). Hidden size 64 gives
+    64-row chunks (CUDA cores for 3-4 tokens, the dequantize pass for 8-9) and the MLP's
+    128 a 128-row chunk for down_proj (CUDA cores, then tensor cores)."""
+    if DEVICE != "cpu":
+        pytest.skip("builds the model on the CPU")
+    model_dir = build_tiny_model(tmp_path / "m", "Qwen3ForCausalLM", seed=4)
+    state = quantized_state(model_dir, lambda w: awq_gemm(w, 32))
+    cfg = AwqConfig.from_config({**CONFIG, "group_size": 32})
+    reference, tiled = (build_model(model_dir, cfg, state).half() for _ in "ab")
+    for module in tiled.modules():
+        if isinstance(getattr(module, "quant_method", None), AwqLinearMethod):
+            assert module.quant_method.repack(module)
+    tiled.merge_projections()
+    mlp = tiled.model.layers[0].mlp
+    assert (mlp.gate_up_proj.awq_chunk, mlp.down_proj.awq_chunk) == (64, 128)
+    for prompt in ([5, 17, 42], [5, 17, 42, 99, 3, 250, 7, 8]):
+        tokens, logits = greedy(reference, prompt, 2)
+        tiled_tokens, tiled_logits = greedy(tiled, prompt, 2)
+        assert tiled_tokens == tokens
+        torch.testing.assert_close(tiled_logits.float(), logits.float(), rtol=2e-2, atol=2e-2)

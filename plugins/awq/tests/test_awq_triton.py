@@ -1,15 +1,13 @@
-"""The fused AWQ Triton kernel against the torch reference (Triton's interpreter on a CPU,
-the real kernel on a GPU)."""
+"""The previous AWQ Triton kernel (checkpoint layout; kept as the benchmarks' baseline)
+against the torch reference (Triton's interpreter on a CPU, the real kernel on a GPU)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from awq_formats import awq_gemm
-from engine_awq.config import AwqConfig
 from engine_awq.packing import awq_dequantize
 from engine_awq.triton_gemm import awq_gemm_triton, pick_block_k
-from engine_sdk.layers.linear import Linear
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -58,23 +56,3 @@ def test_block_k_divides_group() -> None:
     t = _packed(64, 16, 32)
     with pytest.raises(ValueError, match="not a multiple of 16"):
         awq_gemm_triton(torch.zeros(1, 64), t["qweight"], t["qzeros"], t["scales"], 8)
-
-
-def test_layer_dispatches_to_the_kernel() -> None:
-    """With the kernel enabled the layer's output is the kernel's, for 1 and many tokens."""
-    cfg = AwqConfig.from_config({"quant_method": "awq", "bits": 4, "group_size": 32})
-    layer = Linear(128, 64, True, cfg, "model.layers.0.mlp.up_proj", torch.float16).to(DEVICE)
-    for name, tensor in _packed(128, 64, 32, seed=5).items():
-        getattr(layer, name).data.copy_(tensor)
-    layer.bias.data.normal_()
-    layer.quant_method.process_weights_after_loading(layer)
-    assert layer.awq_use_triton is (DEVICE == "cuda")
-    layer.awq_use_triton = True
-    for num_tokens in (1, 19):
-        x = torch.randn(num_tokens, 128).to(DEVICE, torch.float16)
-        got = layer(x)
-        want = awq_gemm_triton(x, layer.qweight, layer.qzeros, layer.scales, 32) + layer.bias
-        assert torch.equal(got, want)
-        ref = _reference(x, {k: getattr(layer, k) for k in ("qweight", "qzeros", "scales")}, 32)
-        ref = ref + layer.bias.double()
-        assert (got.double() - ref).abs().max() <= 1e-2 * ref.abs().max()

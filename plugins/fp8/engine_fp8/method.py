@@ -12,11 +12,19 @@ block          ``weight`` fp8, scale tiles ``weight_scale_inv`` (fp8) / ``weight
 static acts    ``input_scale`` []          activations quantized with the calibrated scale
 =============  ==========================  =========================================
 
-On a CUDA GPU with FP8 matrix units (compute capability >= 8.9) tensor/channel layouts run
-``torch._scaled_mm`` with activations quantized per call (dynamic: per tensor or per token;
-static: ``input_scale``) by one Triton kernel (:mod:`engine_fp8.triton_quant`; torch ops
-when Triton is missing). Elsewhere, and for block layouts, the weight is dequantized to the
-activation dtype and multiplied (weight-only FP8; activations stay unquantized).
+Matmul paths (:func:`select_path`), on a CUDA GPU with FP8 matrix units (compute
+capability >= 8.9) and Triton, for fp16/bf16 activations:
+
+- ``w8a16``: up to ``W8A16_MAX_TOKENS`` tokens (decode), every layout: the weight-only
+  Triton GEMM (:mod:`engine_fp8.w8a16`) reads the fp8 weight once, upcasts it in registers
+  and applies tensor, channel or block scales; activations are not quantized. Layouts
+  without a ``_scaled_mm`` path (block scales, weight-only schemes) use it up to
+  ``W8A16_DENSE_MAX_TOKENS`` tokens, where the alternative dequantizes the whole weight;
+- ``scaled_mm``: more tokens, tensor/channel layouts: ``torch._scaled_mm`` with activations
+  quantized per call (dynamic: per tensor or per token; static: ``input_scale``) by one
+  Triton kernel (:mod:`engine_fp8.triton_quant`; torch ops when Triton is missing);
+- ``reference``: everything else (CPUs, GPUs below 8.9, block layouts with many tokens):
+  the weight dequantized to the activation dtype and multiplied (weight-only FP8).
 
 Merging (:meth:`Fp8LinearMethod.merge`, for q/k/v and gate/up): the fp8 weights are
 concatenated along the output dimension and the scales become one per output channel
@@ -44,11 +52,33 @@ from engine_sdk.runtime import triton_available
 
 from engine_fp8 import quant_ops
 
-__all__ = ["Fp8LinearMethod", "Fp8Scheme", "has_fp8_matrix_units"]
+__all__ = [
+    "W8A16_DENSE_MAX_TOKENS",
+    "W8A16_FMA_MAX_TOKENS",
+    "W8A16_MAX_TOKENS",
+    "Fp8LinearMethod",
+    "Fp8Scheme",
+    "has_fp8_matrix_units",
+    "select_path",
+]
 
 WEIGHT_STRATEGIES = ("tensor", "channel", "block")
 ACTIVATION_STRATEGIES = ("tensor", "token")
 FP8_MIN_CAPABILITY = 89
+W8A16_MAX_TOKENS = 16  # weight-only GEMM up to here when _scaled_mm could run
+W8A16_DENSE_MAX_TOKENS = 256  # ... and up to here when the alternative dequantizes
+W8A16_FMA_MAX_TOKENS = 4  # CUDA cores up to here, tensor cores above (first guess)
+_W8A16_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def select_path(layer: torch.nn.Module, num_tokens: int, dtype: torch.dtype) -> str:
+    """``w8a16`` | ``scaled_mm`` | ``reference`` for ``num_tokens`` rows of ``dtype`` (see
+    the module docstring)."""
+    if getattr(layer, "fp8_w8a16", False) and dtype in _W8A16_DTYPES and num_tokens > 0:
+        limit = W8A16_MAX_TOKENS if layer.fp8_use_scaled_mm else W8A16_DENSE_MAX_TOKENS
+        if num_tokens <= limit:
+            return "w8a16"
+    return "scaled_mm" if layer.fp8_use_scaled_mm else "reference"
 
 
 @dataclass(frozen=True)
@@ -153,6 +183,7 @@ class Fp8LinearMethod(QuantizationMethod):
         scheme, name = self.scheme, getattr(layer, "prefix", "") or "linear"
         layer.fp8_use_scaled_mm = False
         layer.fp8_triton_quant = False
+        layer.fp8_w8a16 = False
         if not scheme.serialized:
             weight = torch.empty(output_size, input_size, dtype=params_dtype)
             layer.register_parameter("weight", _param(weight, None))
@@ -200,23 +231,42 @@ class Fp8LinearMethod(QuantizationMethod):
             and num_out % 16 == 0
         )
         layer.fp8_triton_quant = layer.fp8_use_scaled_mm and triton_available()
+        block = self._block()
+        layer.fp8_w8a16 = (
+            has_fp8_matrix_units(layer.weight.device)
+            and triton_available()
+            and (block is None or block[1] % 16 == 0)  # the kernel's K steps fit a block
+        )
+
+    def _block(self) -> tuple[int, int] | None:
+        return self.scheme.block if self.scheme.weight_strategy == "block" else None
 
     def dequantize_weight(self, layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """The layer's weight as ``dtype`` [out, in] (for references and tests)."""
-        block = self.scheme.block if self.scheme.weight_strategy == "block" else None
-        return quant_ops.dequantize(layer.weight, self._weight_scale(layer), dtype, block)
+        return quant_ops.dequantize(layer.weight, self._weight_scale(layer), dtype, self._block())
 
     # -- matmul -----------------------------------------------------------------------
 
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        if not layer.fp8_use_scaled_mm:
-            block = self.scheme.block if self.scheme.weight_strategy == "block" else None
-            return quant_ops.fp8_linear_reference(
-                x, layer.weight, self._weight_scale(layer), bias, block
-            )
         x2 = x.reshape(-1, x.shape[-1])
+        path = select_path(layer, x2.shape[0], x.dtype)
+        if path == "w8a16":
+            from engine_fp8 import w8a16
+
+            x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+            num_tokens, block = x2.shape[0], self._block()
+            variant = "fma" if num_tokens <= W8A16_FMA_MAX_TOKENS else "dot"
+            config = w8a16.default_config(num_tokens, layer.weight.shape[0], variant, block)
+            out = w8a16.fp8_w8a16_gemm(
+                x2, layer.weight, self._weight_scale(layer), block, bias, config
+            )
+            return out.reshape(*x.shape[:-1], out.shape[-1])
+        if path == "reference":
+            return quant_ops.fp8_linear_reference(
+                x, layer.weight, self._weight_scale(layer), bias, self._block()
+            )
         static = self.scheme.activation_scheme == "static"
         if layer.fp8_triton_quant:
             from engine_fp8 import triton_quant
@@ -254,7 +304,8 @@ class Fp8LinearMethod(QuantizationMethod):
             return None
         if weights[0].dtype != quant_ops.FP8_DTYPE:
             return None  # not processed yet (online weights are quantized after loading)
-        if len({bool(layer.fp8_use_scaled_mm) for layer in layers}) != 1:
+        paths = {(bool(layer.fp8_use_scaled_mm), bool(layer.fp8_w8a16)) for layer in layers}
+        if len(paths) != 1:
             return None
         if scheme.activation_scheme == "static":
             first_scale = layers[0].input_scale
@@ -279,6 +330,7 @@ class Fp8LinearMethod(QuantizationMethod):
             merged.register_parameter("input_scale", _param(input_scale, None))
         merged.fp8_use_scaled_mm = layers[0].fp8_use_scaled_mm
         merged.fp8_triton_quant = layers[0].fp8_triton_quant
+        merged.fp8_w8a16 = layers[0].fp8_w8a16
         share_merged(layers, "weight", weight)
         return Fp8LinearMethod(merged_scheme)
 

@@ -2,11 +2,14 @@
 
 Call ``enable()`` before the module defining the kernels is imported (a conftest does).
 
-Two interpreter bugs of Triton 3.6 are patched, in interpreter runs only: scalar tensors
-refuse ``int()`` under numpy >= 2.4 (breaking ``range`` over a scalar), and the float <->
+Interpreter bugs of Triton 3.6 are patched, in interpreter runs only: scalar tensors
+refuse ``int()`` under numpy >= 2.4 (breaking ``range`` over a scalar); the float <->
 fp8 conversion (``_convert_float``) rounds half up without carrying into the exponent
 (7.9 -> 4.0 in e4m3) and reads the e4m3fn NaN as 480, so fp8 casts are redirected to
-torch's conversion (round to nearest even, as the GPU's ``cvt.rn`` does).
+torch's conversion (round to nearest even, as the GPU's ``cvt.rn`` does); bfloat16 is
+stored as its raw 16 bits, which casts from integers / fp16 and ``tl.dot`` treated as
+numbers, so those casts go through torch and bf16 dot operands are widened to float32
+first.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def enable() -> bool:
     patched._engine_patched = True  # type: ignore[attr-defined]
     interpreter._patch_lang_tensor = patched
     _patch_fp8_casts()
+    _patch_bf16()
     return True
 
 
@@ -80,3 +84,46 @@ def _patch_fp8_casts() -> None:
 
     create_fp_to_fp._engine_patched = True  # type: ignore[attr-defined]
     builder_cls.create_fp_to_fp = create_fp_to_fp
+
+
+def _patch_bf16() -> None:
+    """bf16 casts from/to anything but float32, and bf16 dots, through torch (see ``enable``)."""
+    import numpy as np
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder_cls = interpreter.InterpreterBuilder
+    cast_impl, create_dot = builder_cls.cast_impl, builder_cls.create_dot
+    if getattr(cast_impl, "_engine_patched", False):
+        return
+
+    def as_torch(handle: Any) -> torch.Tensor:
+        data = np.ascontiguousarray(handle.data)
+        if handle.dtype.scalar == tl.bfloat16:
+            return torch.from_numpy(data.view(np.uint16)).view(torch.bfloat16)
+        return torch.from_numpy(data)
+
+    def bf16_handle(tensor: torch.Tensor) -> Any:
+        bits = tensor.to(torch.bfloat16).view(torch.uint16).numpy()
+        return interpreter.TensorHandle(bits, tl.bfloat16)
+
+    def patched_cast(self: Any, src: Any, dst_type: Any) -> Any:
+        src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
+        if dst_ty == tl.bfloat16 and src_ty not in (tl.float32, tl.bfloat16):
+            return bf16_handle(as_torch(src).float())
+        if src_ty == tl.bfloat16 and dst_ty != tl.float32 and dst_ty != tl.bfloat16:
+            data = as_torch(src).float().numpy().astype(interpreter._get_np_dtype(dst_type))
+            return interpreter.TensorHandle(data, dst_ty)
+        return cast_impl(self, src, dst_type)
+
+    def patched_dot(self: Any, a: Any, b: Any, d: Any, *args: Any) -> Any:
+        if tl.bfloat16 in (a.dtype.scalar, b.dtype.scalar):
+            a_data, b_data = as_torch(a).float().numpy(), as_torch(b).float().numpy()
+            result = np.matmul(a_data, b_data, dtype=d.data.dtype) + d.data
+            return interpreter.TensorHandle(result, d.dtype.scalar)
+        return create_dot(self, a, b, d, *args)
+
+    patched_cast._engine_patched = True  # type: ignore[attr-defined]
+    builder_cls.cast_impl = patched_cast
+    builder_cls.create_dot = patched_dot
