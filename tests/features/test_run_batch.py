@@ -39,7 +39,8 @@ def _run(tmp_path: Path, model: Path, *extra: str) -> tuple[subprocess.Completed
     text = "\n".join(line if isinstance(line, str) else json.dumps(line) for line in LINES)
     src.write_text(text + "\n\n")
     flags = [f for f in SERVER_FLAGS if f != "--log-stats-interval" and f != "0"]
-    cmd = [*engine_cli(), "run-batch", "-i", str(src), "-o", str(dst), str(model), *flags, *extra]
+    cmd = [*engine_cli(), "run-batch", "-i", str(src), "-o", str(dst), str(model), *flags,
+           "--served-model-name", "tiny", *extra]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     return done, dst
 
@@ -95,7 +96,7 @@ def test_run_batch_embeddings(tiny_model: Path, tmp_path: Path) -> None:
     src.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     flags = [f for f in SERVER_FLAGS if f != "--log-stats-interval" and f != "0"]
     cmd = [*engine_cli(), "run-batch", "-i", str(src), "-o", str(dst), str(tiny_model), *flags,
-           "--task", "embed", "--no-progress"]  # fmt: skip
+           "--served-model-name", "tiny", "--task", "embed", "--no-progress"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     by_id = {r["custom_id"]: r for r in map(json.loads, dst.read_text().splitlines())}

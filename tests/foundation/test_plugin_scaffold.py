@@ -46,6 +46,16 @@ def test_bad_requests_say_what_to_change(tmp_path: Path) -> None:
     assert "already exists" in again.stderr
 
 
+def test_every_kind_has_a_template() -> None:
+    from engine.plugins.scaffold import IMPL_MODULES, TEMPLATES
+
+    assert set(IMPL_MODULES) == set(SPEC_KINDS)
+    for kind in SPEC_KINDS:
+        assert sorted(p.name for p in (TEMPLATES / kind).iterdir()) == [
+            "impl.py.tmpl", "plugin.py.tmpl", "test.py.tmpl"
+        ], kind  # fmt: skip
+
+
 @pytest.mark.slow
 def test_every_kind_builds_installs_passes_its_tests_and_is_listed(tmp_path: Path) -> None:
     names = {kind: f"new_{kind}" for kind in SPEC_KINDS}

@@ -28,6 +28,7 @@ TEMPLATES = Path(__file__).resolve().parent / "scaffold_templates"
 IMPL_MODULES: dict[str, str] = {
     "attention_backend": "backend",
     "model_architecture": "model",
+    "pooling_model": "model",
     "quantization_method": "quantization",
     "tool_parser": "tool_parser",
     "reasoning_parser": "reasoning_parser",
@@ -68,6 +69,7 @@ class ScaffoldNames:
             "impl_module": IMPL_MODULES[self.kind],
             "spec_name": f"{self.name}{suffix}",
             "arch_name": f"{camel}ForCausalLM",
+            "embed_arch_name": f"{camel}Model",
             "sdk_minor": low,
             "sdk_next_minor": high,
             "todo_note": ""
