@@ -32,12 +32,14 @@ from typing import Any
 
 from engine.config import EngineArgs
 from engine.core.outputs import SchedulerStats
+from engine.engine_client import EngineLoad, load_of
 from engine.errors import (
     EngineDeadError,
     EngineRequestError,
     RequestValidationError,
 )
 from engine.llm_engine import LLMEngine, StatsListener
+from engine.model_executor.pooling_task import PoolingConfig
 from engine.outputs import RequestOutput
 from engine.outputs_processing import EngineCounters
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -68,7 +70,10 @@ _STOP = object()
 
 
 class AsyncLLM:
-    """Engine client for asyncio code (the API server)."""
+    """``EngineClient`` over an engine on a thread of this process (see engine_client.py).
+
+    Also the base of the process client, which replaces the thread's engine loop with a
+    pipe to the engine process and keeps the rest (streams, coalescing, admission)."""
 
     def __init__(
         self, engine: LLMEngine, start: bool = True, initial_stats: SchedulerStats | None = None
@@ -107,7 +112,7 @@ class AsyncLLM:
         return self.engine.model_name
 
     @property
-    def pooling(self) -> Any:
+    def pooling(self) -> PoolingConfig | None:
         """The ``PoolingConfig`` of an embedding model; ``None`` for a generating one."""
         return self.engine.pooling
 
@@ -192,6 +197,14 @@ class AsyncLLM:
         bound: int | None = getattr(getattr(scheduler, "config", None), "max_num_queued_reqs", None)
         return bound
 
+    def silent_for(self) -> float:
+        """An engine thread in this process has no heartbeat to miss: ``stalled_for`` and
+        the thread's liveness (``is_ready``) judge it."""
+        return 0.0
+
+    def engine_loads(self) -> list[EngineLoad]:
+        return [load_of(0, self)]
+
     def declare_dead(self, reason: str) -> None:
         """Fail every request in flight with ``EngineDeadError`` from outside the engine
         thread (the watchdog, when that thread is wedged and cannot do it itself)."""
@@ -201,12 +214,13 @@ class AsyncLLM:
             self._send(stream, error)
         self._drain_inbox_after_death(error)  # adds the wedged thread never took
 
-    def add_stats_listener(self, listener: StatsListener) -> None:
+    def add_stats_listener(self, listener: StatsListener) -> bool:
         """``listener(IterationStats)`` after each step, called from the engine thread.
 
         Register before serving: the list is read by the engine thread without a lock.
         """
         self.engine.add_stats_listener(listener)
+        return True
 
     # -- requests -----------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ gives each.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import itertools
 import struct
@@ -32,10 +33,12 @@ from dataclasses import replace
 from typing import Any
 
 from engine.core.outputs import SchedulerStats
+from engine.engine_client import EngineClient, EngineLoad, load_of
 from engine.errors import EngineDeadError
+from engine.model_executor.pooling_task import PoolingConfig
 from engine.outputs import RequestOutput
 from engine.outputs_processing.stats import EngineCounters
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, StructuredOutputsParams
 from engine.tokenization.input_processor import PromptType
 
 PREFIX_CHARS = 256  # about 64 tokens: four KV blocks of 16
@@ -113,9 +116,9 @@ def device_groups(
 
 
 class DataParallelAsyncLLM:
-    """``AsyncLLM``'s API over several engine clients, one request on one engine."""
+    """``EngineClient`` over several engine clients, one request on one engine."""
 
-    def __init__(self, engines: Sequence[Any]) -> None:
+    def __init__(self, engines: Sequence[EngineClient]) -> None:
         if len(engines) < 2:
             raise ValueError("DataParallelAsyncLLM needs at least two engines")
         self.engines = list(engines)
@@ -123,9 +126,39 @@ class DataParallelAsyncLLM:
         self._owner: dict[str, int] = {}  # request id -> engine index, while it runs
         self._ids = itertools.count()
 
-    def __getattr__(self, name: str) -> Any:
-        # tokenizer, max_model_len, chat templates, sampling defaults, grammars: engine 0's
-        return getattr(self.engines[0], name)
+    # -- the model and its tokenizer: engine 0's (every engine serves the same model) ----------
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engines[0].tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engines[0].max_model_len
+
+    @property
+    def pooling(self) -> PoolingConfig | None:
+        return self.engines[0].pooling
+
+    def default_sampling_params(self) -> SamplingParams:
+        return self.engines[0].default_sampling_params()
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        return self.engines[0].apply_chat_template(
+            messages, tools, add_generation_prompt, chat_template, chat_template_kwargs
+        )
+
+    def compile_structured_outputs_async(
+        self, params: StructuredOutputsParams, timeout_s: float | None = None
+    ) -> concurrent.futures.Future[Any]:
+        return self.engines[0].compile_structured_outputs_async(params, timeout_s)
 
     # -- health and statistics ------------------------------------------------------------------
 
@@ -140,6 +173,9 @@ class DataParallelAsyncLLM:
 
     def stalled_for(self) -> float:
         return max(float(e.stalled_for()) for e in self.engines)
+
+    def silent_for(self) -> float:
+        return max(float(e.silent_for()) for e in self.engines)
 
     def declare_dead(self, reason: str) -> None:
         for engine in self.engines:
@@ -163,26 +199,12 @@ class DataParallelAsyncLLM:
                 total.finished_by_reason[reason] = total.finished_by_reason.get(reason, 0) + count
         return total
 
-    def engine_loads(self) -> list[dict[str, Any]]:
+    def engine_loads(self) -> list[EngineLoad]:
         """Per engine, for ``/load``: its queue, batch, KV use and requests added."""
-        loads = []
-        for index, engine in enumerate(self.engines):
-            stats = engine.stats()
-            loads.append(
-                {
-                    "engine": index,
-                    "num_requests_running": stats.num_running,
-                    "num_requests_waiting": stats.num_waiting,
-                    "kv_cache_usage": stats.kv_cache_usage,
-                    "num_requests_added": engine.counters().num_requests_added,
-                    "prefix_cache_hits": stats.prefix_cache_hits,
-                }
-            )
-        return loads
+        return [load_of(index, engine) for index, engine in enumerate(self.engines)]
 
-    def add_stats_listener(self, listener: Any) -> None:
-        for engine in self.engines:
-            engine.add_stats_listener(listener)
+    def add_stats_listener(self, listener: Any) -> bool:
+        return all([engine.add_stats_listener(listener) for engine in self.engines])
 
     def would_reject(self) -> str | None:
         """A reason only when every engine's queue is full."""

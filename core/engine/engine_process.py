@@ -399,8 +399,9 @@ class ProcessAsyncLLM(AsyncLLM):
 
     # -- the parts of AsyncLLM that read the engine object ----------------------------------
 
-    def add_stats_listener(self, listener: Any) -> None:
+    def add_stats_listener(self, listener: Any) -> bool:
         self._listeners.append(listener)
+        return True
 
     def _max_num_queued_reqs(self) -> int | None:
         return self._queued_reqs_bound

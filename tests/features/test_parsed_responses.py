@@ -18,7 +18,6 @@ from engine.errors import StartupError
 from engine.plugins import PluginManager
 from engine.server_config import ServerArgs
 from fastapi.testclient import TestClient
-from scripted_engine import ScriptedAsyncLLM
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,8 +60,8 @@ def make_client(
     reasoning: str | None = None,
     tool_parser: str | None = None,
     auto: bool = True,
-) -> tuple[TestClient, ScriptedAsyncLLM]:
-    engine = ScriptedAsyncLLM(tokenizer, script)
+) -> tuple[TestClient, FakeEngineClient]:
+    engine = FakeEngineClient.scripted(tokenizer, script)
     features = ChatFeatures(
         tool_parser_cls=pm.registry.resolve("tool_parser", tool_parser) if tool_parser else None,
         enable_auto_tool_choice=auto and tool_parser is not None,

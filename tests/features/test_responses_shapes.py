@@ -18,7 +18,6 @@ from engine.entrypoints.openai.serving_base import ServingContext
 from engine.plugins import PluginManager
 from engine.server_config import ServerArgs
 from fastapi.testclient import TestClient
-from scripted_engine import ScriptedAsyncLLM
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,8 +49,8 @@ def pm() -> Any:
 def make(
     tokenizer: Any, script: str, pm: Any, *, reasoning: bool = False, tools: bool = False,
     **server: Any,
-) -> tuple[openai.OpenAI, ScriptedAsyncLLM, TestClient]:  # fmt: skip
-    engine = ScriptedAsyncLLM(tokenizer, script)
+) -> tuple[openai.OpenAI, FakeEngineClient, TestClient]:  # fmt: skip
+    engine = FakeEngineClient.scripted(tokenizer, script)
     features = ChatFeatures(
         tool_parser_cls=pm.registry.resolve("tool_parser", "hermes") if tools else None,
         enable_auto_tool_choice=tools,

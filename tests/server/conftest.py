@@ -1,7 +1,7 @@
 """Fixtures: a real ``engine serve`` subprocess on a tiny model, and a stand-in-engine server.
 
 ``server`` (session) runs the real engine on a tiny random Qwen3 checkpoint with an API key;
-``make_fake_server`` starts ``fake_server.py`` (the real HTTP stack over ``FakeAsyncLLM``)
+``make_fake_server`` starts ``fake_server.py`` (the real HTTP stack over ``FakeEngineClient``)
 for behaviour the real engine cannot be steered into (full queue, failure mid-stream,
 slow requests for SIGTERM drain).
 """

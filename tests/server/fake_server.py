@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from engine.cli.serve import serve_main  # noqa: E402
-from fake_engine import FakeAsyncLLM, FakeEngineConfig  # noqa: E402
+from engine.testing.fake_client import FakeEngineClient, FakeEngineConfig  # noqa: E402
 
 
 def main() -> int:
@@ -22,7 +22,7 @@ def main() -> int:
     overrides = json.loads(os.environ.get("FAKE_ENGINE_CONFIG", "{}"))
     config = FakeEngineConfig(**overrides)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    return serve_main(argv, engine_factory=lambda args: FakeAsyncLLM(tokenizer, config))
+    return serve_main(argv, engine_factory=lambda args: FakeEngineClient(tokenizer, config))
 
 
 if __name__ == "__main__":

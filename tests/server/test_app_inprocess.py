@@ -12,7 +12,7 @@ from engine.entrypoints.openai.api_server import build_app
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.serving_base import ServingContext
 from engine.server_config import ServerArgs
-from fake_engine import FakeAsyncLLM, FakeEngineConfig
+from engine.testing.fake_client import FakeEngineClient, FakeEngineConfig
 from fastapi.testclient import TestClient
 
 pytestmark = pytest.mark.timeout(60)
@@ -26,7 +26,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def make_client(tokenizer: Any, **server: Any) -> TestClient:
-    engine = FakeAsyncLLM(tokenizer, FakeEngineConfig(step_s=0.001))
+    engine = FakeEngineClient(tokenizer, FakeEngineConfig(step_s=0.001))
     ctx = ServingContext(engine, ["fake"], ServerMetrics("fake", engine.stats))
     return TestClient(build_app(ctx, ServerArgs(log_stats_interval=0, **server)))
 

@@ -1,5 +1,5 @@
 """SIGTERM drain, full queue, engine failures: the real HTTP stack over the stand-in engine
-(``fake_engine.py``), which can be made slow, bounded or failing on purpose."""
+(``engine.testing.fake_client``), which can be made slow, bounded or failing on purpose."""
 
 from __future__ import annotations
 

@@ -294,9 +294,9 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
             "num_http_requests_in_flight": len(ctx.inflight),
             "num_requests_in_flight_by_kind": ctx.inflight.count_by_kind(),
         }
-        engine_loads = getattr(ctx.engine, "engine_loads", None)
-        if callable(engine_loads):  # --data-parallel-size > 1: each engine's own
-            body["engines"] = engine_loads()
+        engine_loads = ctx.engine.engine_loads()
+        if len(engine_loads) > 1:  # --data-parallel-size > 1: each engine's own
+            body["engines"] = engine_loads
         return body
 
     async def metrics() -> Response:
@@ -308,12 +308,6 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
         router.add_api_route("/metrics", metrics, methods=["GET"])
     app.include_router(router)
     return app
-
-
-def engine_stalled_for(engine_client: Any) -> float:
-    """Seconds the engine loop has had work pending without progress (0 for a stand-in)."""
-    stalled = getattr(engine_client, "stalled_for", None)
-    return float(stalled()) if callable(stalled) else 0.0
 
 
 def _tokenize_body(ctx: ServingContext, body: TokenizeRequest) -> list[int]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 
+from engine.engine_client import EngineClient
 from engine.entrypoints.openai.errors import error_body
 
 # Routes that answer while the server drains (the rest get 503): orchestrators and
@@ -37,18 +38,12 @@ class ProbeFailure:
         return JSONResponse(error_body(self.message, 503, code=self.code), status_code=503)
 
 
-def _call_or_value(value: Any) -> Any:
-    return value() if callable(value) and not isinstance(value, BaseException) else value
-
-
-def liveness_failure(engine_client: Any, stall_limit_s: float) -> ProbeFailure | None:
+def liveness_failure(engine_client: EngineClient, stall_limit_s: float) -> ProbeFailure | None:
     """Why the server should be restarted, or None while it is alive."""
-    dead = _call_or_value(getattr(engine_client, "dead_error", None))
-    if dead is not None:
+    if engine_client.dead_error is not None:
         # No detail: the probes need no key, and the error text belongs to the log.
         return ProbeFailure("engine_dead", "The engine stopped (see the server log).")
-    stalled = getattr(engine_client, "stalled_for", None)
-    stalled_s = float(stalled()) if callable(stalled) else 0.0
+    stalled_s = engine_client.stalled_for()
     if stall_limit_s > 0 and stalled_s > stall_limit_s:
         return ProbeFailure(
             "engine_stalled",
@@ -59,13 +54,13 @@ def liveness_failure(engine_client: Any, stall_limit_s: float) -> ProbeFailure |
 
 
 def readiness_failure(
-    engine_client: Any, stall_limit_s: float, draining: bool
+    engine_client: EngineClient, stall_limit_s: float, draining: bool
 ) -> ProbeFailure | None:
     """Why the server should get no new requests, or None when it should."""
     failure = liveness_failure(engine_client, stall_limit_s)
     if failure is not None:
         return failure
-    if not _call_or_value(getattr(engine_client, "is_ready", False)):
+    if not engine_client.is_ready:
         return ProbeFailure("not_ready", "The engine is not ready (the model is still loading).")
     if draining:
         return ProbeFailure(

@@ -31,7 +31,8 @@ from typing import Any
 import uvicorn
 
 from engine.config import EngineArgs
-from engine.entrypoints.openai.api_server import build_app, describe_config, engine_stalled_for
+from engine.engine_client import EngineClient
+from engine.entrypoints.openai.api_server import build_app, describe_config
 from engine.entrypoints.openai.chat_features import load_chat_features
 from engine.entrypoints.openai.connection_limits import uvicorn_connection_options
 from engine.entrypoints.openai.metrics import ServerMetrics
@@ -45,14 +46,13 @@ _GIL_SWITCH_INTERVAL_S = 0.0005
 _MONITOR_POLL_S = 0.5
 
 
-def engine_failure(engine_client: Any, heartbeat_timeout: float) -> str | None:
+def engine_failure(engine_client: EngineClient, heartbeat_timeout: float) -> str | None:
     """Why the engine can serve no more requests (dead, or silent while idle), or None."""
-    dead = getattr(engine_client, "dead_error", None)
-    if isinstance(dead, BaseException):
+    dead = engine_client.dead_error
+    if dead is not None:
         return f"the engine stopped: {dead}"
-    silent_for = getattr(engine_client, "silent_for", None)
-    if heartbeat_timeout > 0 and callable(silent_for):
-        silent_s = float(silent_for())
+    if heartbeat_timeout > 0:
+        silent_s = engine_client.silent_for()
         if silent_s > heartbeat_timeout:
             return (
                 f"the idle engine process has sent no heartbeat for {silent_s:.0f} s "
@@ -123,7 +123,7 @@ class EngineServer(uvicorn.Server):
         poll_s = min(1.0, self.watchdog_timeout / 4)
         while not self.should_exit:
             await asyncio.sleep(poll_s)
-            stalled_s = engine_stalled_for(self.ctx.engine)
+            stalled_s = self.ctx.engine.stalled_for()
             if stalled_s <= self.watchdog_timeout or self.watchdog_fired is not None:
                 continue
             self.watchdog_fired = (
@@ -147,9 +147,7 @@ class EngineServer(uvicorn.Server):
     async def _exit_for_engine(self, reason: str) -> None:
         logger.error("%s", reason)
         self.ctx.inflight.draining = True
-        declare_dead = getattr(self.ctx.engine, "declare_dead", None)
-        if callable(declare_dead):
-            declare_dead(reason)
+        self.ctx.engine.declare_dead(reason)
         await asyncio.sleep(0.5)  # let the failed streams send their error chunks
         self.should_exit = True
 
@@ -199,15 +197,12 @@ def default_served_names(model: str | None) -> list[str]:
     return [model, short]
 
 
-def attach_stats_listener(engine_client: Any, metrics: ServerMetrics) -> bool:
-    """Feed the engine's per-step ``IterationStats`` into the metrics, if it offers them."""
-    for name in ("add_stats_listener", "register_stats_listener"):
-        hook = getattr(engine_client, name, None)
-        if callable(hook):
-            hook(metrics.observe_iteration)
-            metrics.engine_reports_iterations = True
-            return True
-    return False
+def attach_stats_listener(engine_client: EngineClient, metrics: ServerMetrics) -> bool:
+    """Feed the engine's per-step ``IterationStats`` into the metrics; an engine that
+    reports none (a test fake) leaves the token and latency metrics to the HTTP layer."""
+    reports = engine_client.add_stats_listener(metrics.observe_iteration)
+    metrics.engine_reports_iterations = reports
+    return reports
 
 
 def run_server(

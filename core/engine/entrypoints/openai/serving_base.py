@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import anyio
 from fastapi import Request
 
+from engine.engine_client import EngineClient
 from engine.entrypoints.openai.errors import (
     APIError,
     internal_error,
@@ -63,7 +64,7 @@ class InflightRequests:
 
 @dataclass
 class ServingContext:
-    engine: Any  # AsyncLLM (or a test double with the same interface)
+    engine: EngineClient
     served_model_names: list[str]
     metrics: ServerMetrics
     log_requests: bool = False
@@ -123,8 +124,7 @@ class ServingContext:
 
     def would_reject(self) -> str | None:
         """Why a new request would be refused for a full queue (cheap; before any work)."""
-        check = getattr(self.engine, "would_reject", None)
-        return check() if callable(check) else None
+        return self.engine.would_reject()
 
     @property
     def tokenizer(self) -> Any:

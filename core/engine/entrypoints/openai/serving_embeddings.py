@@ -63,7 +63,7 @@ class EmbeddingResponse(BaseModel):
 
 def require_task(ctx: ServingContext, task: str) -> None:
     """400 when the served model runs the other task (an embedder cannot chat, ...)."""
-    pooling = getattr(ctx.engine, "pooling", None)
+    pooling = ctx.engine.pooling
     if task == "embed" and pooling is None:
         raise APIError(
             "This model generates text and serves no embeddings; start the server with "

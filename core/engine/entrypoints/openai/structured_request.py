@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from engine.engine_client import EngineClient
 from engine.entrypoints.openai.errors import APIError
 from engine.entrypoints.openai.protocol import SamplingFields
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -123,15 +124,13 @@ def structured_outputs_from_request(req: SamplingFields) -> StructuredOutputsPar
     return from_field or from_format
 
 
-async def compile_structured_outputs(engine: Any, params: SamplingParams) -> None:
+async def compile_structured_outputs(engine: EngineClient, params: SamplingParams) -> None:
     """Compile ``params.structured_outputs`` off the loop; 400 when it is invalid or its
-    compile exceeds the backend's deadline. Engines without the hook (stand-ins) skip it."""
+    compile exceeds the backend's deadline."""
     if params.structured_outputs is None:
         return
-    compile_async = getattr(engine, "compile_structured_outputs_async", None)
-    if compile_async is None:
-        return
     try:
-        await asyncio.wrap_future(compile_async(params.structured_outputs))
+        future = engine.compile_structured_outputs_async(params.structured_outputs)
+        await asyncio.wrap_future(future)
     except ValueError as exc:  # RequestValidationError: invalid, unsupported or too slow
         raise APIError(str(exc), 400, "structured_outputs") from None
