@@ -17,6 +17,7 @@ from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.serving_base import ServingContext
 from engine.plugins import PluginManager
 from engine.server_config import ServerArgs
+from engine.testing.fake_client import FakeEngineClient
 from fastapi.testclient import TestClient
 
 pytestmark = pytest.mark.timeout(120)
