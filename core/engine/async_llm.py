@@ -26,12 +26,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineArgs
-from engine.core.outputs import SchedulerStats
 from engine.engine_client import EngineLoad, load_of
 from engine.errors import (
     EngineDeadError,
@@ -40,7 +39,7 @@ from engine.errors import (
 )
 from engine.llm_engine import LLMEngine, StatsListener
 from engine.model_executor.pooling_task import PoolingConfig
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, SchedulerStats
 from engine.outputs_processing import EngineCounters
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
 from engine.tokenization.input_processor import PreparedRequest, PromptType
@@ -114,7 +113,8 @@ class AsyncLLM:
     @property
     def pooling(self) -> PoolingConfig | None:
         """The ``PoolingConfig`` of an embedding model; ``None`` for a generating one."""
-        return self.engine.pooling
+        pooling: PoolingConfig | None = self.engine.pooling
+        return pooling
 
     @property
     def is_ready(self) -> bool:
@@ -231,7 +231,7 @@ class AsyncLLM:
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Stream a request's outputs until it finishes; closing the iterator aborts it.
 
         Bad input raises ``ValueError`` (``RequestValidationError``) on the first

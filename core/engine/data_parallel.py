@@ -28,15 +28,13 @@ import concurrent.futures
 import hashlib
 import itertools
 import struct
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from engine.core.outputs import SchedulerStats
 from engine.engine_client import EngineClient, EngineLoad, load_of
-from engine.errors import EngineDeadError
 from engine.model_executor.pooling_task import PoolingConfig
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, SchedulerStats
 from engine.outputs_processing.stats import EngineCounters
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
 from engine.tokenization.input_processor import PromptType
@@ -167,7 +165,7 @@ class DataParallelAsyncLLM:
         return all(bool(e.is_ready) for e in self.engines)
 
     @property
-    def dead_error(self) -> EngineDeadError | None:
+    def dead_error(self) -> BaseException | None:
         errors = [e.dead_error for e in self.engines if e.dead_error is not None]
         return errors[0] if errors else None
 
@@ -226,7 +224,7 @@ class DataParallelAsyncLLM:
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         if request_id is None:
             request_id = f"dp-{next(self._ids)}"
         index = self.choose(prompt, cache_salt)

@@ -20,13 +20,13 @@ Tests use one shared fake (``engine.testing.fake_client``).
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 if TYPE_CHECKING:
-    from engine.core.outputs import EngineCounters, SchedulerStats
     from engine.model_executor.pooling_task import PoolingConfig
-    from engine.outputs import RequestOutput
+    from engine.outputs import RequestOutput, SchedulerStats
+    from engine.outputs_processing.stats import EngineCounters
     from engine.sampling_params import SamplingParams, StructuredOutputsParams
     from engine.tokenization.input_processor import PromptType
 
@@ -90,7 +90,7 @@ class EngineClient(Protocol):
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Stream one request's outputs (deltas) until it finishes; closing the iterator
         aborts it. Bad input raises ``RequestValidationError`` on the first ``__anext__``,
         a full queue ``QueueFullError``, a dead engine ``EngineDeadError``."""

@@ -44,6 +44,7 @@ from engine.log_setup import configure_logging
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.outputs_processing import EngineCounters, IterationStats
 from engine.parent_watch import exit_with_parent
+from engine.sampling_params import RequestOutputKind
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +226,11 @@ class _EngineLoop:
     def _add(self, prepared: Any) -> None:
         if prepared.request_id not in self.owner:
             return  # its client went away while the grammar compiled
+        # Only deltas cross the pipe: the engine keeps no cumulative copies (the client
+        # rebuilds them for the requests that asked for them).
+        prepared.params.output_kind = RequestOutputKind.DELTA
+        for request in prepared.core_requests:
+            request.sampling_params.output_kind = RequestOutputKind.DELTA
         try:
             self.engine.add_prepared_request(prepared)
         except Exception as exc:
@@ -267,11 +273,13 @@ class _EngineLoop:
 
 
 @dataclass
-class _Cumulative:
-    """What the server has of a request: enough to rebuild cumulative outputs."""
+class _ClientRequest:
+    """What the server has of a request: its output kind, and what rebuilding cumulative
+    outputs needs (``CUMULATIVE`` and ``FINAL_ONLY`` requests only)."""
 
     prompt: str | None
     prompt_token_ids: list[int]
+    kind: RequestOutputKind
     texts: dict[int, str] = field(default_factory=dict)
     token_ids: dict[int, list[int]] = field(default_factory=dict)
     logprobs: dict[int, list[Any] | None] = field(default_factory=dict)
@@ -378,7 +386,7 @@ class ProcessAsyncLLM(AsyncLLM):
         front = LLMEngine.frontend_from_args(args, ready.max_model_len, ready.vocab_size)
         self._queued_reqs_bound = args.max_num_queued_reqs
         self._listeners: list[Any] = []
-        self._requests: dict[str, _Cumulative] = {}
+        self._requests: dict[str, _ClientRequest] = {}
         self._pending_adds: dict[str, Any] = {}
         self._stopping = False  # set by the sender once it asked the engine to stop
         super().__init__(front, start=False, initial_stats=ready.stats)
@@ -475,7 +483,9 @@ class ProcessAsyncLLM(AsyncLLM):
         prepared = cmd.prepared
         request_id = prepared.request_id
         self._streams[request_id] = cmd.stream
-        self._requests[request_id] = _Cumulative(prepared.prompt, prepared.prompt_token_ids)
+        self._requests[request_id] = _ClientRequest(
+            prepared.prompt, prepared.prompt_token_ids, prepared.params.output_kind
+        )
         self._pending_adds[request_id] = cmd.done
         self._conn.send(("add", prepared))
 
@@ -530,36 +540,41 @@ class ProcessAsyncLLM(AsyncLLM):
         state = self._requests.get(request_id)
         if state is None:
             return None  # aborted here already
-        if prompt_logprobs is not None:
-            state.prompt_logprobs = prompt_logprobs
-        completions = []
-        for index, text, token_ids, logprobs, finish_reason, stop_reason in deltas:
-            full_text = state.texts.get(index, "") + text
-            state.texts[index] = full_text
-            ids = state.token_ids.setdefault(index, [])
-            ids += token_ids
-            lps = state.logprobs.get(index)
-            if logprobs is not None:
-                lps = (lps or []) + logprobs
-                state.logprobs[index] = lps
-            completions.append(
-                CompletionOutput(
-                    index,
-                    full_text,
-                    ids[:],
-                    finish_reason,
-                    stop_reason,
-                    lps[:] if lps is not None else None,
-                    text,
-                    token_ids,
-                    logprobs,
-                )  # fmt: skip
-            )
         if finished:
             del self._requests[request_id]
+        if prompt_logprobs is not None:
+            state.prompt_logprobs = prompt_logprobs
+        if state.kind == RequestOutputKind.DELTA:
+            completions = [
+                CompletionOutput(index, text, ids, reason, stop, lps, text, ids, lps)
+                for index, text, ids, lps, reason, stop in deltas
+            ]
+        else:
+            completions = [self._accumulate(state, *delta) for delta in deltas]
+            if state.kind == RequestOutputKind.FINAL_ONLY and not finished:
+                return None
+            prompt_logprobs = state.prompt_logprobs
         return RequestOutput(
             request_id, state.prompt, state.prompt_token_ids, completions, finished,
-            state.prompt_logprobs, num_cached, error, pooled,
+            prompt_logprobs, num_cached, error, pooled,
+        )  # fmt: skip
+
+    @staticmethod
+    def _accumulate(
+        state: _ClientRequest, index: int, text: str, token_ids: list[int],
+        logprobs: list[Any] | None, finish_reason: str | None, stop_reason: int | str | None,
+    ) -> CompletionOutput:  # fmt: skip
+        full_text = state.texts.get(index, "") + text
+        state.texts[index] = full_text
+        ids = state.token_ids.setdefault(index, [])
+        ids += token_ids
+        lps = state.logprobs.get(index)
+        if logprobs is not None:
+            lps = (lps or []) + logprobs
+            state.logprobs[index] = lps
+        return CompletionOutput(
+            index, full_text, ids[:], finish_reason, stop_reason,
+            lps[:] if lps is not None else None, text, token_ids, logprobs,
         )  # fmt: skip
 
     def _check_alive(self) -> None:

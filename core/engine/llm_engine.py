@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineArgs
 from engine.core.engine_core import EngineCore
-from engine.core.outputs import SchedulerStats
 from engine.core.request import ReqId, RequestStatus
 from engine.generation_config import (
     describe_sampling_defaults,
@@ -24,7 +23,7 @@ from engine.generation_config import (
     resolve_sampling_defaults,
     sampling_default_sources,
 )
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, SchedulerStats
 from engine.outputs_processing import EngineCounters, IterationStats, OutputProcessor
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
 from engine.tokenization import apply_chat_template, collect_eos_token_ids

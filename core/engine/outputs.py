@@ -1,10 +1,41 @@
-"""Results the engine returns to callers (offline ``LLM`` and the API server)."""
+"""The records that cross the engine-client seam (``engine_client.py``): what the engine
+returns to callers (offline ``LLM``, the API server) and the load it reports. The core
+builds them; callers never import the core's own records."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.core.scheduler_output import Logprobs
+
+@dataclass
+class Logprobs:
+    """Log-probabilities at one position: the chosen token's and the top ``k``."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 = most likely
+    top_token_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerStats:
+    """The scheduler's load at one step (gauges and counters since start)."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of usable blocks referenced by requests
+    num_preemptions: int  # since start
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache, since start
+    prefix_cache_hits: int  # of those, tokens found
+    num_free_blocks: int  # evictable cached blocks included
+    num_total_blocks: int  # usable blocks (the reserved null block excluded)
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return (
+            self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+        )
 
 
 @dataclass

@@ -9,9 +9,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
+from enum import IntEnum
 from typing import Any
 
 _GREEDY_EPS = 1e-5
+
+
+class RequestOutputKind(IntEnum):
+    """What each ``RequestOutput`` of a request holds (vLLM's names and values).
+
+    - ``CUMULATIVE``: everything so far in ``text``/``token_ids``/``logprobs``, plus the
+      ``delta_*`` fields since the last output (the default; direct ``generate`` callers);
+    - ``DELTA``: only what is new: ``text``, ``token_ids`` and ``logprobs`` *are* the
+      delta (the API server streams these; nothing is copied or re-joined per step);
+    - ``FINAL_ONLY``: one output, when the request finishes (the offline ``LLM``).
+    """
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass
@@ -59,6 +75,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     # Filled by the engine, not by users: EOS ids from the tokenizer / generation config.
     eos_token_ids: list[int] = field(default_factory=list)
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -6,14 +6,14 @@ from typing import Any
 
 from engine.core.outputs import EngineCoreOutput
 from engine.core.request import ReqId
-from engine.core.scheduler_output import Logprobs
+from engine.outputs import Logprobs
 from engine.outputs_processing import (
     IterationStats,
     OutputProcessor,
     child_params,
     child_req_ids,
 )
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import RequestOutputKind, SamplingParams
 
 
 def _out(req_id: str, token: int | None, finish: str | None = None, **kw: Any) -> Any:
@@ -151,3 +151,50 @@ def test_duplicate_request_id_rejected(byte_tokenizer: Any) -> None:
     _register(proc, "a", [5], SamplingParams())
     with pytest.raises(ValueError, match="already running"):
         _register(proc, "a", [5], SamplingParams())
+
+
+def _run_kind(tok: Any, kind: RequestOutputKind, n: int = 1) -> list[Any]:
+    proc = OutputProcessor(tok)
+    gen = tok.encode(" 世界 the fox", add_special_tokens=False)
+    params = SamplingParams(max_tokens=len(gen), n=n, logprobs=0, output_kind=kind)
+    _register(proc, "r", [5], params)
+    outputs = []
+    for i, t in enumerate(gen):
+        finish = "length" if i == len(gen) - 1 else None
+        core = [_out(rid, t, finish, new_logprobs=[Logprobs(t, -0.1, 1)])
+                for rid in child_req_ids("r", n)]  # fmt: skip
+        outputs += proc.process_outputs(core).request_outputs
+    assert not proc.has_unfinished_requests()
+    return outputs
+
+
+def test_delta_outputs_hold_only_what_is_new(byte_tokenizer: Any) -> None:
+    tok = byte_tokenizer
+    outs = _run_kind(tok, RequestOutputKind.DELTA, n=2)
+    gen = tok.encode(" 世界 the fox", add_special_tokens=False)
+    for index in range(2):
+        pieces = [o.outputs[index] for o in outs]
+        assert all(len(p.token_ids) <= 1 for p in pieces)  # never the whole sequence
+        assert [t for p in pieces for t in p.token_ids] == gen
+        assert "".join(p.text for p in pieces) == " 世界 the fox"
+        assert all(p.text == p.delta_text and p.token_ids is p.delta_token_ids for p in pieces)
+        assert [lp.token_id for p in pieces for lp in p.logprobs or []] == gen
+        assert pieces[-1].finish_reason == "length"
+
+
+def test_final_only_gives_one_whole_output(byte_tokenizer: Any) -> None:
+    tok = byte_tokenizer
+    outs = _run_kind(tok, RequestOutputKind.FINAL_ONLY, n=2)
+    gen = tok.encode(" 世界 the fox", add_special_tokens=False)
+    assert len(outs) == 1 and outs[0].finished
+    for c in outs[0].outputs:
+        assert c.text == " 世界 the fox" and c.token_ids == gen and len(c.logprobs or []) == len(gen)
+
+
+def test_cumulative_is_the_default(byte_tokenizer: Any) -> None:
+    tok = byte_tokenizer
+    outs = _run_kind(tok, SamplingParams().output_kind)
+    gen = tok.encode(" 世界 the fox", add_special_tokens=False)
+    assert len(outs) == len(gen)
+    assert [len(o.outputs[0].token_ids) for o in outs] == list(range(1, len(gen) + 1))
+    assert outs[-1].outputs[0].text == " 世界 the fox"

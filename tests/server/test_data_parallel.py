@@ -16,7 +16,6 @@ import pytest
 # Module level: `conftest` names this directory's conftest only while it is collected.
 from conftest import REAL_SERVER_FLAGS, ServerProcess, engine_cli, free_port
 from conftest import real_engine_available as available
-from engine.core.outputs import SchedulerStats
 from engine.data_parallel import (
     AFFINITY_SLACK,
     choose_engine,
@@ -25,6 +24,7 @@ from engine.data_parallel import (
     prefix_key,
     sum_stats,
 )
+from engine.outputs import SchedulerStats
 from engine_sdk.testing.server import child_pids, process_cmdline, wait_gone
 
 LONG_PREFIX = "You are a careful assistant. Answer in one short sentence. " * 6  # > 256 chars

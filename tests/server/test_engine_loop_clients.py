@@ -67,7 +67,8 @@ def _output(rid: str, n: int, finish: str | None) -> RequestOutput:
 
 
 def _add(rid: str) -> tuple[str, Any]:
-    return ("add", SimpleNamespace(request_id=rid, params=SimpleNamespace(structured_outputs=None)))
+    params = SimpleNamespace(structured_outputs=None, output_kind=None)
+    return ("add", SimpleNamespace(request_id=rid, params=params, core_requests=[]))
 
 
 def _recv_until(conn: Any, want: Any) -> list[tuple[Any, ...]]:

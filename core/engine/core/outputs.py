@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.core.request import ReqId
-from engine.core.scheduler_output import Logprobs
+from engine.outputs import Logprobs, SchedulerStats  # noqa: F401  (seam records)
 
 
 @dataclass
@@ -37,21 +37,3 @@ class EngineCoreOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-
-@dataclass
-class SchedulerStats:
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float  # fraction of usable blocks referenced by requests
-    num_preemptions: int  # since start
-    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache, since start
-    prefix_cache_hits: int  # of those, tokens found
-    num_free_blocks: int  # evictable cached blocks included
-    num_total_blocks: int  # usable blocks (the reserved null block excluded)
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        return (
-            self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
-        )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.core.request import ReqId, Request
+from engine.outputs import Logprobs
 
 # A token id the host does not know yet: the previous step sampled it on the device and the
 # runner takes it from there (async scheduling). Only a decode step's single input token
@@ -46,17 +47,6 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
-
-
-@dataclass
-class Logprobs:
-    """Log-probabilities at one position: the chosen token's and the top ``k``."""
-
-    token_id: int
-    logprob: float
-    rank: int  # 1 = most likely
-    top_token_ids: list[int] = field(default_factory=list)
-    top_logprobs: list[float] = field(default_factory=list)
 
 
 @dataclass

@@ -14,12 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.config import EngineArgs
-from engine.core.outputs import SchedulerStats
 from engine.embedding_vectors import EmbeddingOutput, check_dimensions, finish_embedding
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, SchedulerStats
 from engine.outputs_processing import EngineCounters
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.tokenization import load_chat_template
 from engine.tokenization.input_processor import PromptType
 
@@ -142,6 +141,10 @@ class LLM:
         try:
             for prompt, p in zip(prompts, params, strict=True):
                 request_id = f"offline-{next(self._ids)}"
+                # One output per request, when it finishes: no per-step copies.
+                p = (p if p is not None else engine.default_sampling_params()).clone(
+                    output_kind=RequestOutputKind.FINAL_ONLY
+                )
                 engine.add_request(request_id, prompt, p)
                 order[request_id] = len(order)
         except BaseException:

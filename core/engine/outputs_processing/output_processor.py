@@ -107,6 +107,8 @@ class OutputProcessor:
             touched[parent.request_id] = parent
         request_outputs = result.request_outputs
         for parent in touched.values():
+            if parent.final_only and not parent.finished:
+                continue  # RequestOutputKind.FINAL_ONLY: one output, at the end
             request_output = parent.take_output()
             request_outputs.append(request_output)
             if request_output.finished:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from engine.outputs import RequestOutput
 from engine.outputs_processing.request_state import RequestState
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import RequestOutputKind, SamplingParams
 
 
 def child_req_ids(request_id: str, n: int) -> list[str]:
@@ -42,6 +42,9 @@ class ParentRequest:
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.children = children
+        kind = children[0].params.output_kind
+        self.final_only = kind == RequestOutputKind.FINAL_ONLY
+        self.delta = kind == RequestOutputKind.DELTA
 
     @property
     def finished(self) -> bool:
@@ -68,13 +71,15 @@ class ParentRequest:
             errors = [c.error for c in children if c.error]
             error = errors[0] if errors else None
         prompt_logprobs = first.prompt_logprobs
+        if prompt_logprobs is not None and not self.delta:
+            prompt_logprobs = prompt_logprobs[:]
         return RequestOutput(
             self.request_id,
             self.prompt,
             self.prompt_token_ids,
             outputs,
             finished,
-            prompt_logprobs[:] if prompt_logprobs is not None else None,
+            prompt_logprobs,
             first.num_cached_tokens,
             error,
             first.pooled,

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.core.scheduler_output import Logprobs
-from engine.outputs import CompletionOutput
+from engine.outputs import CompletionOutput, Logprobs
 from engine.outputs_processing.stats import FinishedRequestStats, RequestTiming
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.tokenization.detokenizer import IncrementalDetokenizer
 from engine.tokenization.stop_strings import StopStringChecker
 
@@ -167,21 +166,23 @@ class RequestState:
         self.timing.finished_time = now
 
     def take_output(self) -> CompletionOutput:
-        """The cumulative CompletionOutput, with the delta since the last call."""
+        """This sequence's output: cumulative with the delta since the last call, or only
+        the delta when the request asked for ``RequestOutputKind.DELTA`` (no copies)."""
+        delta_text, delta_ids = self._delta_text, self._delta_token_ids
         logprobs = self.logprobs
-        out = CompletionOutput(
-            self.index,
-            self.text,
-            self.token_ids[:],
-            self.finish_reason,
-            self.stop_reason,
-            logprobs[:] if logprobs is not None else None,
-            self._delta_text,
-            self._delta_token_ids,
-            None,
-        )
+        delta_lps = self._delta_logprobs if logprobs is not None else None
+        if self.params.output_kind == RequestOutputKind.DELTA:
+            out = CompletionOutput(
+                self.index, delta_text, delta_ids, self.finish_reason, self.stop_reason,
+                delta_lps, delta_text, delta_ids, delta_lps,
+            )  # fmt: skip
+        else:
+            out = CompletionOutput(
+                self.index, self.text, self.token_ids[:], self.finish_reason,
+                self.stop_reason, logprobs[:] if logprobs is not None else None,
+                delta_text, delta_ids, delta_lps,
+            )  # fmt: skip
         if logprobs is not None:
-            out.delta_logprobs = self._delta_logprobs
             self._delta_logprobs = []
         self._delta_text = ""
         self._delta_token_ids = []

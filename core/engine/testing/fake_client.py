@@ -10,7 +10,8 @@ controls. Both kinds of output are deterministic:
 Admission is real: ``max_running`` requests run, ``max_queued`` wait, more raise
 ``QueueFullError``; each running request holds ``ceil(tokens / block_size)`` KV blocks,
 freed when it ends or is aborted. ``last_prompt`` and ``last_params`` record the last
-request. Outputs are cumulative per sample, as ``RequestOutput`` is.
+request. Outputs follow the request's ``output_kind`` (cumulative, deltas or final only),
+with the ``delta_*`` fields set, as the engine's are.
 """
 
 from __future__ import annotations
@@ -19,18 +20,16 @@ import asyncio
 import concurrent.futures
 import math
 import random
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.core.outputs import SchedulerStats
-from engine.core.scheduler_output import Logprobs
 from engine.engine_client import EngineLoad, load_of
 from engine.errors import QueueFullError
 from engine.model_executor.pooling_task import PoolingConfig
-from engine.outputs import CompletionOutput, RequestOutput
+from engine.outputs import CompletionOutput, Logprobs, RequestOutput, SchedulerStats
 from engine.outputs_processing.stats import EngineCounters
-from engine.sampling_params import SamplingParams, StructuredOutputsParams
+from engine.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from engine.tokenization import apply_chat_template
 from engine.tokenization.input_processor import PromptType
 
@@ -166,7 +165,7 @@ class FakeEngineClient:
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         params = params if params is not None else self.default_sampling_params()
         request_id = request_id if request_id is not None else f"fake-{id(params)}"
         ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(str(prompt))
@@ -181,8 +180,11 @@ class FakeEngineClient:
         self._counters.num_requests_added += 1
         try:
             run = self._script if self.config.scripts is not None else self._tokens
+            shape = _Shaper(params.output_kind)
             async for out in run(ids, params, request_id):
-                yield out
+                shaped = shape(out)
+                if shaped is not None:
+                    yield shaped
         finally:
             self._running.pop(request_id, None)
             self._aborted.discard(request_id)
@@ -193,7 +195,7 @@ class FakeEngineClient:
 
     async def _script(
         self, ids: list[int], params: SamplingParams, request_id: str
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         scripts = self.config.scripts or [""]
         script = scripts[(params.seed or 0) % len(scripts)]
         size = self.config.chunk_size
@@ -218,7 +220,7 @@ class FakeEngineClient:
 
     async def _tokens(
         self, ids: list[int], params: SamplingParams, request_id: str
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         n = params.n
         if params.seed is None and not params.greedy:
             rngs = [random.Random() for _ in range(n)]
@@ -274,3 +276,24 @@ def _copy(out: CompletionOutput) -> CompletionOutput:
         stop_reason=out.stop_reason,
         logprobs=list(out.logprobs or []),
     )
+
+
+class _Shaper:
+    """Cumulative outputs -> what ``output_kind`` asks for, with the ``delta_*`` fields."""
+
+    def __init__(self, kind: RequestOutputKind) -> None:
+        self.kind = kind
+        self.sent: dict[int, tuple[int, int, int]] = {}  # index -> (chars, ids, logprobs)
+
+    def __call__(self, out: RequestOutput) -> RequestOutput | None:
+        if self.kind == RequestOutputKind.FINAL_ONLY and not out.finished:
+            return None
+        for c in out.outputs:
+            chars, n_ids, n_lps = self.sent.get(c.index, (0, 0, 0))
+            lps = c.logprobs or []
+            c.delta_text, c.delta_token_ids = c.text[chars:], c.token_ids[n_ids:]
+            c.delta_logprobs = lps[n_lps:] if c.logprobs is not None else None
+            self.sent[c.index] = (len(c.text), len(c.token_ids), len(lps))
+            if self.kind == RequestOutputKind.DELTA:
+                c.text, c.token_ids, c.logprobs = c.delta_text, c.delta_token_ids, c.delta_logprobs
+        return out

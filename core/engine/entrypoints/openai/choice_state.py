@@ -1,8 +1,9 @@
 """Per-choice progress of a response: what was already sent, what an update adds.
 
-The server diffs the engine's cumulative ``CompletionOutput`` (``text``, ``token_ids``,
-``logprobs``) against what it has sent, rather than trusting per-update deltas, so an update
-that repeats an unchanged choice (n > 1) never duplicates text.
+The server asks the engine for deltas (``RequestOutputKind.DELTA``, set by
+``EngineStream``) and builds each choice's cumulative text here, once: a streamed choice
+writes each delta out as it arrives, a non-streamed one keeps the sum for the response.
+An update that repeats an unchanged choice (n > 1) carries an empty delta and adds nothing.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.core.scheduler_output import Logprobs
-from engine.outputs import CompletionOutput, RequestOutput
+from engine.outputs import CompletionOutput, Logprobs, RequestOutput
 
 
 @dataclass
@@ -37,12 +37,11 @@ class ChoiceState:
         return self.finish_reason is not None
 
     def advance(self, out: CompletionOutput) -> ChoiceDelta | None:
-        """Take a cumulative output; return what is new since the last call (or None)."""
+        """Take an output's delta; return it (or None when it adds nothing)."""
         if self.finished:
             return None
-        new_text = out.text[len(self.text) :] if out.text.startswith(self.text) else out.text
-        new_ids = list(out.token_ids[len(self.token_ids) :])
-        new_lps = list((out.logprobs or [])[len(self.logprobs) :])
+        new_text, new_ids = out.delta_text, out.delta_token_ids
+        new_lps = out.delta_logprobs or []
         newly_finished = out.finish_reason is not None
         if not (new_text or new_ids or newly_finished):
             return None

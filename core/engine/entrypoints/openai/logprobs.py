@@ -14,13 +14,13 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from engine.core.scheduler_output import Logprobs
 from engine.entrypoints.openai.protocol import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,
     TopLogprob,
 )
+from engine.outputs import Logprobs
 
 
 @functools.cache

@@ -29,7 +29,7 @@ from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import SamplingFields
 from engine.errors import EngineDeadError, EngineError, QueueFullError
 from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger("engine.server")
 T = TypeVar("T")
@@ -240,6 +240,8 @@ class EngineStream:
         self.finished = False
         self.aborted_by_server = False
         self.kind = "generate"  # what /load counts it as (set by the route that made it)
+        # Deltas: ChoiceState sums a choice's text once; nothing is re-joined per step.
+        params = params.clone(output_kind=RequestOutputKind.DELTA)
         self._gen = ctx.engine.generate(
             prompt, params, req_id, priority=priority, cache_salt=cache_salt
         )

@@ -1,0 +1,277 @@
+"""W3 serving, Engine and vLLM in the same run, each server measured with both clients.
+
+Figures on the GPU machine move 10-25% between runs, so a serving ratio only counts when
+both servers ran in one call. Run on the GPU machine from the repository root after the
+vLLM anchor is unpacked (``../shared/vllm-anchor``: ``$HOME/v/env.sh``, ``$VLLM_MODEL``):
+
+    python3 benchmarks/serve_side_by_side.py --parts w3 --out $OUT/w3.json
+    python3 benchmarks/serve_side_by_side.py --parts sweep --engine-only --model DIR --out F
+
+Parts:
+- ``w3``: Engine's default server and ``vllm serve`` (its defaults), both loading the same
+  folder with dummy weights, each driven by Engine's client (``engine bench serve``, four
+  client processes) and by ``vllm bench serve``, at concurrency 256 (1024 prompts) and 16
+  (256 prompts), 512 tokens in and 256 out; plus Engine's offline W1 for the
+  server-over-offline share.
+- ``sweep``: Engine with ``--api-server-count`` 1, 2, 4 and 8 at concurrency 256 (Engine's
+  client), to pick the default from a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HOME = Path(os.environ.get("HOME", "/root"))
+VENV = f"source {HOME}/v/env.sh"
+LOADS = ((256, 1024), (16, 256))  # (concurrency, prompts)
+
+
+def log_cmd(cmd: str) -> None:
+    print("$", cmd, flush=True)
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], port: int, timeout: float) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            time.sleep(1)
+    return False
+
+
+def start(cmd: str, log: Path, port: int, timeout: float) -> tuple[subprocess.Popen[bytes], float]:
+    log_cmd(cmd)
+    began = time.perf_counter()
+    proc = subprocess.Popen(
+        ["bash", "-c", cmd], stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+    if not wait_healthy(proc, port, timeout):
+        stop(proc)
+        print("\n".join(log.read_text().splitlines()[-15:]), flush=True)
+        raise RuntimeError(f"server did not come up: {cmd}")
+    startup = time.perf_counter() - began
+    print(f"  up in {startup:.0f} s", flush=True)
+    return proc, startup
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run(cmd: str, log: Path, timeout: int = 400) -> tuple[int, str]:
+    log_cmd(cmd)
+    began = time.perf_counter()
+    try:
+        p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=timeout)
+        text, code = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as exc:
+        text, code = f"{exc.stdout or ''}{exc.stderr or ''}\nTIMEOUT", 124
+    log.write_text(text)
+    print(f"  exit {code} in {time.perf_counter() - began:.0f} s", flush=True)
+    if code:
+        print("\n".join(text.splitlines()[-12:]), flush=True)
+    return code, text
+
+
+def engine_client(work: Path, name: str, port: int, conc: int, prompts: int) -> dict[str, Any]:
+    result = work / f"{name}.json"
+    cmd = (
+        f"{sys.executable} -m engine.cli.main bench serve --base-url http://127.0.0.1:{port}/v1 "
+        f"--num-prompts {prompts} --input-len 512 --output-len 256 --max-concurrency {conc} "
+        f"--num-workers 4 --save-result {result}"
+    )
+    code, _ = run(cmd, work / f"{name}.log")
+    if code or not result.exists():
+        return {"command": cmd, "exit": code}
+    data = json.loads(result.read_text())
+    return {
+        "command": cmd,
+        "output_tokens_per_s": data["output_tokens_per_s"],
+        "ttft_p50_ms": data["ttft_ms"]["p50"],
+        "ttft_p99_ms": data["ttft_ms"]["p99"],
+        "tpot_p50_ms": data["tpot_ms"]["p50"],
+        "tpot_p99_ms": data["tpot_ms"]["p99"],
+        "failed": data["failed"],
+    }
+
+
+def vllm_client(
+    work: Path, name: str, port: int, conc: int, prompts: int, model: Path
+) -> dict[str, Any]:
+    cmd = (
+        f"({VENV}; vllm bench serve --base-url http://127.0.0.1:{port} --model {model} "
+        f"--dataset-name random --random-input-len 512 --random-output-len 256 "
+        f"--num-prompts {prompts} --max-concurrency {conc} --ignore-eos "
+        f"--percentile-metrics ttft,tpot,itl --metric-percentiles 50,99 "
+        f"--save-result --result-dir {work} --result-filename {name}.json)"
+    )
+    code, text = run(cmd, work / f"{name}.log")
+    found: dict[str, Any] = {"command": cmd, "exit": code}
+    path = work / f"{name}.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        keys = {
+            "output_tokens_per_s": "output_throughput",
+            "ttft_p50_ms": "p50_ttft_ms",
+            "ttft_p99_ms": "p99_ttft_ms",
+            "tpot_p50_ms": "p50_tpot_ms",
+            "tpot_p99_ms": "p99_tpot_ms",
+        }
+        found.update({k: data[v] for k, v in keys.items() if v in data})
+        found["failed"] = data.get("num_prompts", prompts) - data.get("completed", prompts)
+        return found
+    patterns = {
+        "output_tokens_per_s": r"Output token throughput \(tok/s\):\s+([\d.]+)",
+        "ttft_p50_ms": r"P50 TTFT \(ms\):\s+([\d.]+)",
+        "ttft_p99_ms": r"P99 TTFT \(ms\):\s+([\d.]+)",
+        "tpot_p50_ms": r"P50 TPOT \(ms\):\s+([\d.]+)",
+    }
+    for key, pattern in patterns.items():
+        m = re.search(pattern, text)
+        if m:
+            found[key] = float(m.group(1))
+    return found
+
+
+def measure(
+    work: Path, tag: str, port: int, model: Path, loads: tuple[tuple[int, int], ...],
+    clients: tuple[str, ...],
+) -> dict[str, Any]:  # fmt: skip
+    rows: dict[str, Any] = {}
+    for conc, prompts in loads:
+        for client in clients:
+            name = f"{tag}_{client}_c{conc}"
+            if client == "engine_client":
+                rows[name] = engine_client(work, name, port, conc, prompts)
+            else:
+                rows[name] = vllm_client(work, name, port, conc, prompts, model)
+    return rows
+
+
+def engine_server(model: Path, port: int, extra: str = "") -> str:
+    return (
+        f"exec {sys.executable} -m engine.cli.main serve {model} --load-format dummy "
+        f"--dtype bfloat16 --port {port} --served-model-name {model} {extra}"
+    )
+
+
+def vllm_server(model: Path, port: int) -> str:
+    return (
+        f"{VENV}; exec vllm serve {model} --load-format dummy --dtype bfloat16 "
+        f"--host 127.0.0.1 --port {port}"
+    )
+
+
+def with_server(
+    cmd: str, log: Path, port: int, timeout: float, body: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    proc, startup = start(cmd, log, port, timeout)
+    try:
+        return {"server": cmd, "startup_s": startup, **body()}
+    finally:
+        stop(proc)
+
+
+def offline_w1(work: Path, model: Path) -> dict[str, Any]:
+    result = work / "w1_offline.json"
+    cmd = (
+        f"{sys.executable} -m engine.cli.main bench throughput --model {model} "
+        f"--load-format dummy --dtype bfloat16 --num-prompts 1024 --input-len 512 "
+        f"--output-len 256 --save-result {result}"
+    )
+    code, _ = run(cmd, work / "w1_offline.log", 300)
+    if code or not result.exists():
+        return {"command": cmd, "exit": code}
+    return {"command": cmd, **json.loads(result.read_text())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--parts", default="w3")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--engine-only", action="store_true", help="skip vLLM")
+    parser.add_argument("--model", type=Path, help="Qwen3-0.6B-shaped folder ($VLLM_MODEL)")
+    parser.add_argument("--counts", default="1,2,4,8", help="sweep: --api-server-count values")
+    args = parser.parse_args()
+    work = Path("/tmp/serve_sbs")
+    work.mkdir(exist_ok=True)
+    model = args.model or Path(os.environ.get("VLLM_MODEL", str(HOME / "v/model")))
+    table: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    table["commit"] = commit.stdout.strip() or os.environ.get("ENGINE_COMMIT", "")
+    clients = ("engine_client",) if args.engine_only else ("engine_client", "vllm_client")
+
+    def save() -> None:
+        args.out.write_text(json.dumps(table, indent=1))
+
+    for part in args.parts.split(","):
+        if part == "sweep":
+            for count in args.counts.split(","):
+                key = f"engine_api{count}"
+                table[key] = with_server(
+                    engine_server(model, 8011, f"--api-server-count {count}"),
+                    work / f"{key}.log", 8011, 300,
+                    lambda k=key: measure(work, k, 8011, model, ((256, 1024),), ("engine_client",)),
+                )  # fmt: skip
+                save()
+        elif part == "w3":
+            table["engine_offline_w1"] = offline_w1(work, model)
+            save()
+            table["engine"] = with_server(
+                engine_server(model, 8011), work / "engine_server.log", 8011, 300,
+                lambda: measure(work, "engine", 8011, model, LOADS, clients),
+            )  # fmt: skip
+            save()
+            if not args.engine_only:
+                table["vllm"] = with_server(
+                    vllm_server(model, 8012), work / "vllm_server.log", 8012, 420,
+                    lambda: measure(work, "vllm", 8012, model, LOADS, clients),
+                )  # fmt: skip
+                save()
+        else:
+            raise SystemExit(f"unknown part {part!r}")
+    print_table(table)
+
+
+def print_table(table: dict[str, Any]) -> None:
+    print("\nserver/client/concurrency          out tok/s  TTFT p50  TTFT p99  TPOT p50  failed")
+    for rows in table.values():
+        if not isinstance(rows, dict) or "server" not in rows:
+            continue
+        for name, r in rows.items():
+            if not isinstance(r, dict) or "command" not in r:
+                continue
+            cells = [r.get(k, float("nan")) for k in (
+                "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms")]  # fmt: skip
+            print(f"{name:34s} {cells[0]:9.0f} {cells[1]:9.1f} {cells[2]:9.1f} {cells[3]:9.2f}"
+                  f"  {r.get('failed', '?')}")  # fmt: skip
+    w1 = table.get("engine_offline_w1", {}).get("output_tokens_per_s")
+    if w1:
+        print(f"Engine offline W1: {w1:.0f} output tok/s")
+
+
+if __name__ == "__main__":
+    main()
