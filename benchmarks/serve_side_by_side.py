@@ -11,8 +11,8 @@ Parts:
 - ``w3``: Engine's default server and ``vllm serve`` (its defaults), both loading the same
   folder with dummy weights, each driven by Engine's client (``engine bench serve``, four
   client processes) and by ``vllm bench serve``, at concurrency 256 (1024 prompts) and 16
-  (256 prompts), 512 tokens in and 256 out; plus Engine's offline W1 for the
-  server-over-offline share.
+  (256 prompts), 512 tokens in and 256 out (``--loads``, ``--input-len``, ``--output-len``
+  change them); plus Engine's offline W1 for the server-over-offline share.
 - ``sweep``: Engine with ``--api-server-count`` 1, 2, 4 and 8 at concurrency 256 (Engine's
   client), to pick the default from a measurement.
 """
@@ -34,7 +34,8 @@ from typing import Any
 
 HOME = Path(os.environ.get("HOME", "/root"))
 VENV = f"source {HOME}/v/env.sh"
-LOADS = ((256, 1024), (16, 256))  # (concurrency, prompts)
+ENGINE_EXTRA: list[str] = []
+LENGTHS = {"input_len": 512, "output_len": 256}  # W3's (--input-len/--output-len change them)
 
 
 def log_cmd(cmd: str) -> None:
@@ -100,7 +101,8 @@ def engine_client(work: Path, name: str, port: int, conc: int, prompts: int) -> 
     result = work / f"{name}.json"
     cmd = (
         f"{sys.executable} -m engine.cli.main bench serve --base-url http://127.0.0.1:{port}/v1 "
-        f"--num-prompts {prompts} --input-len 512 --output-len 256 --max-concurrency {conc} "
+        f"--num-prompts {prompts} --input-len {LENGTHS['input_len']} "
+        f"--output-len {LENGTHS['output_len']} --max-concurrency {conc} "
         f"--num-workers 4 --save-result {result}"
     )
     code, _ = run(cmd, work / f"{name}.log")
@@ -123,7 +125,8 @@ def vllm_client(
 ) -> dict[str, Any]:
     cmd = (
         f"({VENV}; vllm bench serve --base-url http://127.0.0.1:{port} --model {model} "
-        f"--dataset-name random --random-input-len 512 --random-output-len 256 "
+        f"--dataset-name random --random-input-len {LENGTHS['input_len']} "
+        f"--random-output-len {LENGTHS['output_len']} "
         f"--num-prompts {prompts} --max-concurrency {conc} --ignore-eos "
         f"--percentile-metrics ttft,tpot,itl --metric-percentiles 50,99 "
         f"--save-result --result-dir {work} --result-filename {name}.json)"
@@ -174,7 +177,8 @@ def measure(
 def engine_server(model: Path, port: int, extra: str = "") -> str:
     return (
         f"exec {sys.executable} -m engine.cli.main serve {model} --load-format dummy "
-        f"--dtype bfloat16 --port {port} --served-model-name {model} {extra}"
+        f"--dtype bfloat16 --port {port} --served-model-name {model} {extra} "
+        + " ".join(ENGINE_EXTRA)
     )
 
 
@@ -188,19 +192,23 @@ def vllm_server(model: Path, port: int) -> str:
 def with_server(
     cmd: str, log: Path, port: int, timeout: float, body: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
-    proc, startup = start(cmd, log, port, timeout)
+    try:
+        proc, startup = start(cmd, log, port, timeout)
+    except RuntimeError as exc:
+        return {"server": cmd, "error": str(exc)}
     try:
         return {"server": cmd, "startup_s": startup, **body()}
     finally:
         stop(proc)
 
 
-def offline_w1(work: Path, model: Path) -> dict[str, Any]:
+def offline_w1(work: Path, model: Path, prompts: int) -> dict[str, Any]:
     result = work / "w1_offline.json"
     cmd = (
         f"{sys.executable} -m engine.cli.main bench throughput --model {model} "
-        f"--load-format dummy --dtype bfloat16 --num-prompts 1024 --input-len 512 "
-        f"--output-len 256 --save-result {result}"
+        f"--load-format dummy --dtype bfloat16 --num-prompts {prompts} "
+        f"--input-len {LENGTHS['input_len']} --output-len {LENGTHS['output_len']} "
+        f"--save-result {result} " + " ".join(ENGINE_EXTRA)
     )
     code, _ = run(cmd, work / "w1_offline.log", 300)
     if code or not result.exists():
@@ -215,7 +223,15 @@ def main() -> None:
     parser.add_argument("--engine-only", action="store_true", help="skip vLLM")
     parser.add_argument("--model", type=Path, help="Qwen3-0.6B-shaped folder ($VLLM_MODEL)")
     parser.add_argument("--counts", default="1,2,4,8", help="sweep: --api-server-count values")
+    parser.add_argument("--loads", default="256:1024,16:256", help="concurrency:prompts,...")
+    parser.add_argument("--input-len", type=int, default=512)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--engine-extra", default="", help="more `engine serve` flags")
     args = parser.parse_args()
+    ENGINE_EXTRA.append(args.engine_extra)
+    LENGTHS.update(input_len=args.input_len, output_len=args.output_len)
+    loads = tuple(tuple(int(x) for x in pair.split(":")) for pair in args.loads.split(","))
+    first = (loads[0],)
     work = Path("/tmp/serve_sbs")
     work.mkdir(exist_ok=True)
     model = args.model or Path(os.environ.get("VLLM_MODEL", str(HOME / "v/model")))
@@ -234,21 +250,21 @@ def main() -> None:
                 table[key] = with_server(
                     engine_server(model, 8011, f"--api-server-count {count}"),
                     work / f"{key}.log", 8011, 300,
-                    lambda k=key: measure(work, k, 8011, model, ((256, 1024),), ("engine_client",)),
+                    lambda k=key: measure(work, k, 8011, model, first, ("engine_client",)),
                 )  # fmt: skip
                 save()
         elif part == "w3":
-            table["engine_offline_w1"] = offline_w1(work, model)
+            table["engine_offline_w1"] = offline_w1(work, model, loads[0][1])
             save()
             table["engine"] = with_server(
                 engine_server(model, 8011), work / "engine_server.log", 8011, 300,
-                lambda: measure(work, "engine", 8011, model, LOADS, clients),
+                lambda: measure(work, "engine", 8011, model, loads, clients),
             )  # fmt: skip
             save()
             if not args.engine_only:
                 table["vllm"] = with_server(
                     vllm_server(model, 8012), work / "vllm_server.log", 8012, 420,
-                    lambda: measure(work, "vllm", 8012, model, LOADS, clients),
+                    lambda: measure(work, "vllm", 8012, model, loads, clients),
                 )  # fmt: skip
                 save()
         else:
