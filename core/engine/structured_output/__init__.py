@@ -1,16 +1,19 @@
 """Structured outputs: constrain sampling to a JSON schema, regex, choice list or grammar.
 
 The grammar engine is a plugin (``structured_output_backend``; ``engine-outlines`` is the
-default). ``StructuredOutputManager`` picks it, compiles constraints off the engine loop
-into a bounded in-memory cache, and turns per-request matchers into the sampler's masks.
+default). ``StructuredOutputManager`` picks it, compiles constraints in killable,
+memory-capped worker processes (``compile_worker.py``) into a bounded in-memory cache, and
+turns per-request matchers into the sampler's masks.
 
-Wiring (the API layer, then the runner)::
+Wiring (the API layer, the engine, then the runner)::
 
     manager = StructuredOutputManager(tokenizer, model_vocab_size, pm,
                                       config=StructuredOutputsConfig(...),
                                       eos_token_ids=collect_eos_token_ids(...))
-    # API layer, before add_request (a RequestValidationError is a 400):
-    await asyncio.wrap_future(manager.compile_async(params.structured_outputs))
+    # API server, before add_request (cheap checks; a RequestValidationError is a 400):
+    manager.validate(params.structured_outputs)
+    # engine, before queueing the request (off its loop; the one compile of the grammar):
+    future = manager.compile_async(params.structured_outputs)
     # runner, when a constrained request is first scheduled (a cache hit):
     matchers[req_id] = manager.matcher_for(params.structured_outputs, output_token_ids)
     # runner, each step: one entry per logits row (None for unconstrained rows)
@@ -20,15 +23,21 @@ Wiring (the API layer, then the runner)::
 """
 
 from engine.structured_output.cache import GrammarCache
-from engine.structured_output.compile_pool import CompileAbandoned, CompilePool, with_deadline
+from engine.structured_output.compile_worker import (
+    CompileAbandoned,
+    CompileLimitError,
+    CompileWorkerPool,
+)
 from engine.structured_output.config import StructuredOutputsConfig
+from engine.structured_output.deadlines import with_deadline
 from engine.structured_output.keys import GrammarKey, grammar_key
 from engine.structured_output.manager import StructuredOutputManager, select_backend
 from engine.structured_output.masks import EosRules, batch_masks
 
 __all__ = [
     "CompileAbandoned",
-    "CompilePool",
+    "CompileLimitError",
+    "CompileWorkerPool",
     "EosRules",
     "GrammarCache",
     "GrammarKey",

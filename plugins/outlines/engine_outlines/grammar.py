@@ -55,6 +55,19 @@ class OutlinesGrammar(CompiledGrammar):
             INDEX_MEMORY_FACTOR * len(serialized) + self._max_states * vocab_size + len(regex)
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What crosses from a compile worker: the index and the sizes (the lock and the
+        mask cache are rebuilt on the other side)."""
+        return {
+            "index": self.index, "regex": self.regex, "vocab_size": self.vocab_size,
+            "eos_token_id": self.eos_token_id,
+        }  # fmt: skip
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(  # type: ignore[misc]
+            state["index"], state["vocab_size"], state["eos_token_id"], state["regex"]
+        )
+
     def new_matcher(self) -> OutlinesMatcher:
         return OutlinesMatcher(self)
 
