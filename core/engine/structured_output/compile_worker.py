@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import pickle
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +44,9 @@ logger = logging.getLogger(__name__)
 # vocabulary) is not the compile being bounded; it gets this long.
 _LOAD_TIMEOUT_S = 300.0
 _POLL_S = 0.05
+# Exit codes of a worker whose native compile ran out of memory: an allocation failure
+# aborts (Rust, C++ new), the kernel's OOM killer sends SIGKILL.
+_OUT_OF_MEMORY_EXITS = (-signal.SIGABRT, -signal.SIGKILL)
 
 
 class CompileLimitError(Exception):
@@ -189,7 +193,7 @@ class _Worker:
         if self.key != payload.key:
             self.conn.send(("load", payload.key, payload.data))
             reply = self._wait(time.monotonic() + _LOAD_TIMEOUT_S)
-            if reply is None or reply[0] != "loaded":
+            if reply is None or reply[0] != "loaded":  # died, or wedged while loading
                 self.kill()
                 raise RuntimeError(
                     "the grammar compile worker failed to start "
@@ -198,30 +202,30 @@ class _Worker:
             self.key = payload.key
 
     def _wait(self, deadline: float) -> tuple[Any, ...] | None:
-        """The worker's answer, or ``None`` when it died or the deadline passed."""
+        """The worker's answer; ``("died", exitcode)`` when it died (a native compile out
+        of memory aborts the process), ``None`` when the deadline passed first."""
         while time.monotonic() < deadline:
             try:
-                if self.conn.poll(min(_POLL_S * 4, max(0.0, deadline - time.monotonic()))):
+                if self.conn.poll(min(_POLL_S, max(0.0, deadline - time.monotonic()))):
                     answer: tuple[Any, ...] = pickle.loads(self.conn.recv_bytes())
                     return answer
             except (EOFError, OSError):
-                return None
+                break  # the pipe closed: the worker is exiting
             if not self.proc.is_alive():
-                return None
-        return None
+                break
+        else:
+            return None
+        self.proc.join(5)
+        return ("died", self.proc.exitcode)
 
     def compile(self, kind: str, spec: Any, key: str, timeout_s: float) -> tuple[Any, ...]:
-        """The answer of one compile; ``("timeout",)`` / ``("died", exitcode)`` after
-        killing the worker."""
-        started = time.monotonic()
+        """The answer of one compile; ``("timeout",)`` (the worker was killed) or
+        ``("died", exitcode)`` when it did not answer."""
         self.conn.send(("compile", kind, spec, key))
-        answer = self._wait(started + timeout_s)
-        if answer is not None:
-            return answer
-        alive = self.proc.is_alive()
-        exitcode = self.proc.exitcode
-        self.kill()
-        return ("timeout",) if alive else ("died", exitcode)
+        answer = self._wait(time.monotonic() + timeout_s)
+        if answer is None or answer[0] == "died":
+            self.kill()
+        return ("timeout",) if answer is None else answer
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -337,7 +341,9 @@ class CompileWorkerPool:
                 self.num_killed += 1
             if tag == "memory":  # the worker survived, but its heap may be fragmented
                 worker.kill()
-            reason = {"timeout": "timeout", "memory": "memory"}.get(tag, "crashed")
+            reason = tag
+            if tag == "died":  # native code out of memory aborts (or the kernel kills it)
+                reason = "memory" if answer[1] in _OUT_OF_MEMORY_EXITS else "crashed"
             logger.warning(
                 "grammar compile of a %s constraint: %s (worker %s)",
                 job.kind,

@@ -275,6 +275,11 @@ class StructuredOutputManager:
             return RequestValidationError(f"structured_outputs.{key.kind}: {exc}")
         if exc.reason == "timeout":
             return _timeout_error(key, self.config.compile_timeout_s)
+        if exc.reason == "crashed":
+            return RequestValidationError(
+                f"structured_outputs.{key.kind}: the grammar compiler stopped unexpectedly on "
+                "this constraint; simplify it or send a different one"
+            )
         return RequestValidationError(
             f"structured_outputs.{key.kind}: compiling the constraint needed more than "
             f"{self.config.compile_memory_bytes} bytes of memory and was stopped; simplify "
