@@ -22,17 +22,49 @@ Wiring (the API layer, the engine, then the runner)::
     if not manager.accept_token(matchers[req_id], token_id): ...  # finish with an error
 """
 
-from engine.structured_output.cache import GrammarCache
-from engine.structured_output.compile_worker import (
-    CompileAbandoned,
-    CompileLimitError,
-    CompileWorkerPool,
-)
-from engine.structured_output.config import StructuredOutputsConfig
-from engine.structured_output.deadlines import with_deadline
-from engine.structured_output.keys import GrammarKey, grammar_key
-from engine.structured_output.manager import StructuredOutputManager, select_backend
-from engine.structured_output.masks import EosRules, batch_masks
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.structured_output.cache import GrammarCache
+    from engine.structured_output.compile_worker import (
+        CompileAbandoned,
+        CompileLimitError,
+        CompileWorkerPool,
+    )
+    from engine.structured_output.config import StructuredOutputsConfig
+    from engine.structured_output.deadlines import with_deadline
+    from engine.structured_output.keys import GrammarKey, grammar_key
+    from engine.structured_output.manager import StructuredOutputManager, select_backend
+    from engine.structured_output.masks import EosRules, batch_masks
+
+# Exported names and their modules, imported on first use: a grammar compile worker
+# imports ``compile_worker`` from this package and must not load torch (``manager``,
+# ``masks``) with it.
+_EXPORTS = {
+    "CompileAbandoned": "compile_worker",
+    "CompileLimitError": "compile_worker",
+    "CompileWorkerPool": "compile_worker",
+    "EosRules": "masks",
+    "GrammarCache": "cache",
+    "GrammarKey": "keys",
+    "StructuredOutputManager": "manager",
+    "StructuredOutputsConfig": "config",
+    "batch_masks": "masks",
+    "grammar_key": "keys",
+    "select_backend": "manager",
+    "with_deadline": "deadlines",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "CompileAbandoned",

@@ -18,21 +18,27 @@ waits (in ``Connection.poll``, without holding the GIL) for the answer::
   worker reports it (``MemoryError``) or dies (native code aborts). Either way the driver
   replaces the worker before taking the next job, and the job fails with
   ``CompileLimitError`` (the manager turns it into a 400).
-- Workers are daemons of the engine's process and also exit when it dies (a SIGKILLed
-  engine closes the pipe; ``exit_with_parent`` covers a worker busy compiling).
+- Workers are plain ``python -c`` children talking over a socket pair (not
+  ``multiprocessing`` spawn, which would re-run the parent's ``__main__``). They are
+  killed at the engine's exit, and exit by themselves when it dies (a closed pipe, or
+  ``exit_with_parent`` for a worker busy compiling).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import queue
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -116,8 +122,18 @@ def _send(conn: Any, msg: tuple[Any, ...]) -> None:
         conn.send_bytes(pickle.dumps(("memory", "the compiled grammar could not be sent")))
 
 
+def main() -> None:
+    """``python -c ... FD MEMORY_BYTES PARENT_PID``: the worker's process entry point.
+
+    A plain interpreter rather than ``multiprocessing`` spawn, which re-runs the parent's
+    ``__main__`` script in the child (an offline script calling ``LLM(...)`` at top level
+    would load its model again in every worker)."""
+    fd, memory_bytes, parent_pid = (int(v) for v in sys.argv[1:4])
+    worker_main(multiprocessing.connection.Connection(fd), memory_bytes, parent_pid)
+
+
 def worker_main(conn: Any, memory_bytes: int, parent_pid: int) -> None:
-    """Entry point of a compile worker: load backends, compile, answer, until EOF."""
+    """Load backends, compile, answer, until the engine's end of the pipe closes."""
     from engine.parent_watch import exit_with_parent
 
     exit_with_parent(parent_pid, "grammar-worker-parent-watch")
@@ -131,6 +147,7 @@ def worker_main(conn: Any, memory_bytes: int, parent_pid: int) -> None:
         if msg[0] == "load":
             backend = None
             _cap_memory(1 << 62)  # no cap while loading (the baseline is measured after)
+            sys.path[:0] = [p for p in msg[3] if p not in sys.path]  # the backend's modules
             backend, key = pickle.loads(msg[2]), msg[1]
             _cap_memory(memory_bytes)
             _send(conn, ("loaded", key))
@@ -172,26 +189,27 @@ class _Worker:
         self.num_started = 0
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.is_alive()
+        return self.proc is not None and self.proc.poll() is None
 
     def start(self, payload: BackendPayload) -> None:
-        """A running worker holding ``payload`` (spawned and loaded if needed)."""
+        """A running worker holding ``payload`` (started and loaded if needed)."""
         if not self.alive():
             self.kill()
-            ctx = multiprocessing.get_context("spawn")
-            parent_conn, child_conn = ctx.Pipe(duplex=True)
-            self.proc = ctx.Process(
-                target=worker_main,
-                args=(child_conn, self.memory_bytes, os.getpid()),
-                name=self.name,
-                daemon=True,
-            )
-            self.proc.start()
-            child_conn.close()
-            self.conn, self.key = parent_conn, None
+            ours, theirs = socket.socketpair()
+            code = "from engine.structured_output.compile_worker import main; main()"
+            args = [str(theirs.fileno()), str(self.memory_bytes), str(os.getpid())]
+            try:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-c", code, *args],
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                )
+            finally:
+                theirs.close()
+            self.conn, self.key = multiprocessing.connection.Connection(ours.detach()), None
             self.num_started += 1
         if self.key != payload.key:
-            self.conn.send(("load", payload.key, payload.data))
+            self.conn.send(("load", payload.key, payload.data, list(sys.path)))
             reply = self._wait(time.monotonic() + _LOAD_TIMEOUT_S)
             if reply is None or reply[0] != "loaded":  # died, or wedged while loading
                 self.kill()
@@ -211,12 +229,15 @@ class _Worker:
                     return answer
             except (EOFError, OSError):
                 break  # the pipe closed: the worker is exiting
-            if not self.proc.is_alive():
+            if self.proc.poll() is not None:
                 break
         else:
             return None
-        self.proc.join(5)
-        return ("died", self.proc.exitcode)
+        try:
+            exitcode = self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            exitcode = None
+        return ("died", exitcode)
 
     def compile(self, kind: str, spec: Any, key: str, timeout_s: float) -> tuple[Any, ...]:
         """The answer of one compile; ``("timeout",)`` (the worker was killed) or
@@ -229,13 +250,23 @@ class _Worker:
 
     def kill(self) -> None:
         if self.proc is not None:
-            if self.proc.is_alive():
+            if self.proc.poll() is None:
                 self.proc.kill()  # SIGKILL: native code does not see Python signals
-            self.proc.join(5)
-            self.proc.close()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                logger.warning("grammar compile worker %d did not exit", self.proc.pid)
         if self.conn is not None:
             self.conn.close()
         self.proc = self.conn = self.key = None
+
+
+def _kill_all(workers: list[_Worker]) -> None:
+    """At interpreter exit (or ``kill_now``): no worker outlives the engine's process."""
+    for worker in workers:
+        proc = worker.proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
 
 
 class CompileWorkerPool:
@@ -265,6 +296,7 @@ class CompileWorkerPool:
         ]
         self._closed = False
         self.num_killed = 0
+        weakref.finalize(self, _kill_all, self._workers)
         for thread in self._threads:
             thread.start()
 
@@ -365,6 +397,4 @@ class CompileWorkerPool:
     def kill_now(self) -> None:
         """Kill every worker at once (interpreter exit, tests)."""
         self.close()
-        for worker in self._workers:
-            if worker.proc is not None and worker.proc.is_alive():
-                worker.proc.kill()
+        _kill_all(self._workers)
