@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import typing
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:  # annotations only: a grammar compile process need not load torch
+if typing.TYPE_CHECKING:  # annotations only: a grammar compile process need not load torch
     import torch
 
 
