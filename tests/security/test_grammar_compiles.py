@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from engine_sdk.testing.server import child_pids
+from engine_sdk.testing.server import child_pids, process_cmdline
 from sec_helpers import Server, free_port, serve_cmd
 
 pytestmark = pytest.mark.timeout(300)
@@ -143,6 +143,10 @@ def test_hostile_grammars_are_refused_and_the_server_stays_responsive(
     assert len(answered) == len(probe.latencies), "a /health probe got no answer"
     assert max(answered) < 1.0, f"/health took {max(answered):.2f} s"
     assert _rss(api_pid) - api_rss_before < 64 << 20, "the API server process compiled"
+    # The compile workers belong to the engine process: the API server has none.
+    workers = [p for p in _tree(api_pid) if "compile_worker" in process_cmdline(p)]
+    assert len(workers) == 2, [process_cmdline(p) for p in _tree(api_pid)]
+    assert not set(workers) & set(child_pids(api_pid))
     time.sleep(1.0)  # killed workers are replaced by fresh ones
     growth = _tree_rss(api_pid) - tree_before
     assert growth < 256 << 20, f"the server tree kept {growth >> 20} MiB"

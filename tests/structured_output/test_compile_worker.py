@@ -141,3 +141,40 @@ def test_validate_never_compiles_nor_starts_workers(make_manager: ManagerFactory
 def _rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_limits_come_from_the_flags_the_config_file_and_engine_args(
+    tmp_path: Any, tiny_tokenizer: Any
+) -> None:
+    from engine.cli.serve_args import parse_serve_args
+    from engine.config import EngineArgs
+    from engine.structured_output.setup import build_structured_output_manager
+    from structured_output_fakes import load_pm
+
+    parsed = parse_serve_args(
+        [
+            "m", "--structured-outputs-config.compile-timeout-s", "2.5",
+            "--structured-outputs-config.compile-memory-bytes", str(512 << 20),
+        ]
+    )  # fmt: skip
+    assert not isinstance(parsed, str)
+    assert parsed.engine_args.structured_outputs_compile_timeout_s == 2.5
+    assert parsed.engine_args.structured_outputs_compile_memory_bytes == 512 << 20
+    config = tmp_path / "c.yaml"
+    config.write_text("structured_outputs_config:\n  compile_timeout_s: 7\n")
+    parsed = parse_serve_args(["m", "--config", str(config)])
+    assert not isinstance(parsed, str)
+    assert parsed.engine_args.structured_outputs_compile_timeout_s == 7
+    assert parsed.engine_args.structured_outputs_compile_memory_bytes == 4 << 30  # default
+
+    args = EngineArgs.from_kwargs(  # what LLM(...) builds from its keywords
+        model="m",
+        structured_outputs_compile_timeout_s=4,
+        structured_outputs_compile_memory_bytes=1 << 30,
+    )
+    pm = load_pm(engine_outlines.plugin)
+    manager = build_structured_output_manager(args, pm, tiny_tokenizer, len(tiny_tokenizer), [0])
+    assert manager is not None
+    assert (manager.config.compile_timeout_s, manager.config.compile_memory_bytes) == (4, 1 << 30)
+    assert manager.worker_pids() == []  # nothing started until the engine warms it up
+    manager.close()
