@@ -125,15 +125,9 @@ class AsyncLLM:
         """The ``--reasoning-parser`` class, or ``None``."""
         return self.engine.reasoning_parser_cls
 
-    def compile_structured_outputs_async(
-        self, params: StructuredOutputsParams, timeout_s: float | None = None
-    ) -> concurrent.futures.Future[Any]:
-        """Compile a constraint off the event loop and the engine thread (await it with
-        ``asyncio.wrap_future``); fails with ``RequestValidationError`` (HTTP 400)."""
-        future: concurrent.futures.Future[Any] = self.engine.compile_structured_outputs_async(
-            params, timeout_s
-        )
-        return future
+    def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:
+        """Cheap checks of a constraint (never compiles): ``RequestValidationError``."""
+        self.engine.validate_structured_outputs(params)
 
     def default_sampling_params(self) -> SamplingParams:
         return self.engine.default_sampling_params()
@@ -241,6 +235,7 @@ class AsyncLLM:
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
         prepared = self.engine.prepare_request(request_id, prompt, params, priority, cache_salt)
+        await self._compile_constraint(prepared)
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, asyncio.Queue())
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -271,6 +266,14 @@ class AsyncLLM:
             if not finished and not add_failed:
                 # Client went away (GeneratorExit / CancelledError): free the request.
                 self._inbox.put(_Abort([request_id]))
+
+    async def _compile_constraint(self, prepared: PreparedRequest) -> None:
+        """Compile the request's constraint before queueing it: the engine runs in this
+        process, so this is its one compile (in a worker process; awaited, so neither the
+        event loop nor the engine thread waits). ``RequestValidationError`` for a bad one."""
+        structured = prepared.params.structured_outputs
+        if structured is not None:
+            await asyncio.wrap_future(self.engine.compile_structured_outputs_async(structured))
 
     async def abort(self, request_id: str | Sequence[str]) -> None:
         """Abort requests; their generators yield a final output with finish_reason abort."""

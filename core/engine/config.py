@@ -117,6 +117,19 @@ class EngineArgs:
         "CLI: --structured-outputs-config.max-schema-depth.",
         "features",
     )
+    structured_outputs_compile_timeout_s: float = arg(
+        30.0,
+        "Seconds a constraint may take to compile (in a worker process, killed past it); "
+        "slower is a 400. CLI: --structured-outputs-config.compile-timeout-s.",
+        "features",
+    )
+    structured_outputs_compile_memory_bytes: int = arg(
+        4 << 30,
+        "Memory (address space) a constraint's compile may use in its worker process on "
+        "top of the worker's baseline; more is a 400 and the worker is replaced. "
+        "CLI: --structured-outputs-config.compile-memory-bytes.",
+        "features",
+    )
     reasoning_parser: str | None = arg(
         None,
         "Reasoning parser plugin (e.g. qwen3, deepseek_r1): the think section goes to "

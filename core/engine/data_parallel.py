@@ -24,7 +24,6 @@ gives each.
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import itertools
 import struct
@@ -153,10 +152,8 @@ class DataParallelAsyncLLM:
             messages, tools, add_generation_prompt, chat_template, chat_template_kwargs
         )
 
-    def compile_structured_outputs_async(
-        self, params: StructuredOutputsParams, timeout_s: float | None = None
-    ) -> concurrent.futures.Future[Any]:
-        return self.engines[0].compile_structured_outputs_async(params, timeout_s)
+    def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:
+        self.engines[0].validate_structured_outputs(params)
 
     # -- health and statistics ------------------------------------------------------------------
 

@@ -19,7 +19,6 @@ Tests use one shared fake (``engine.testing.fake_client``).
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
@@ -74,11 +73,11 @@ class EngineClient(Protocol):
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> str: ...
 
-    def compile_structured_outputs_async(
-        self, params: StructuredOutputsParams, timeout_s: float | None = None
-    ) -> concurrent.futures.Future[Any]:
-        """Compile (or validate) a constraint off the event loop; the future fails with
-        ``RequestValidationError`` for a bad one."""
+    def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:
+        """Cheap checks of a constraint (size, bounds; microseconds, never a compile):
+        ``RequestValidationError`` for a bad one. The engine compiles it later, once, in a
+        worker process; a constraint too slow or too large to compile then fails the
+        request's ``generate`` with ``RequestValidationError``."""
         ...
 
     # -- requests -----------------------------------------------------------------------------

@@ -13,9 +13,11 @@ it back from the event loop each time; under 256 streams those waits cost more t
 GPU step. Here each process has its own interpreter and the pipe carries only what changed.
 
 The server process keeps a model-less ``LLMEngine`` for tokenization, chat templates,
-sampling defaults and grammar validation; the engine process builds the full engine from
-the same ``EngineArgs``. A startup error in the engine process is re-raised here as
-``StartupError``; if the process dies later, every request fails with ``EngineDeadError``.
+sampling defaults and grammar validation (cheap checks, never a compile); the engine
+process builds the full engine from the same ``EngineArgs`` and compiles each grammar (in
+its compile worker processes) before queueing the request that needs it. A startup error
+in the engine process is re-raised here as ``StartupError``; if the process dies later,
+every request fails with ``EngineDeadError``.
 """
 
 from __future__ import annotations
@@ -406,6 +408,10 @@ class ProcessAsyncLLM(AsyncLLM):
             raise
 
     # -- the parts of AsyncLLM that read the engine object ----------------------------------
+
+    async def _compile_constraint(self, prepared: Any) -> None:
+        """Nothing here: this process only validated the constraint (``prepare_request``);
+        the engine process compiles it once, off its loop, before queueing the request."""
 
     def add_stats_listener(self, listener: Any) -> bool:
         self._listeners.append(listener)

@@ -174,25 +174,27 @@ class LLMEngine:
         state = getattr(self.runner, "structured_outputs", None)
         if state is not None:
             state.set_manager(manager)
-        if manager is not None:
-            manager.warmup()  # build the backend's vocabulary now, off this thread
+        if manager is not None and self.engine_core is not None:
+            # Build the backend's vocabulary and start the compile workers now, off this
+            # thread. A front end (engine_core None) only validates: it never compiles.
+            manager.warmup()
+
+    def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:
+        """Cheap checks of a constraint (size, bounds; never compiles):
+        ``RequestValidationError`` (a 400) for a bad one, or when no backend is installed."""
+        from engine.structured_output.setup import require_manager
+
+        require_manager(self.structured_output_manager).validate(params)
 
     def compile_structured_outputs_async(
         self, params: StructuredOutputsParams, timeout_s: float | None = None
     ) -> Any:
-        """A ``concurrent.futures.Future`` of the compiled constraint (never blocks); it
-        fails with ``RequestValidationError`` (a 400) for a bad or too slow constraint."""
+        """A ``concurrent.futures.Future`` of the compiled constraint (never blocks; the
+        compile runs in a worker process); it fails with ``RequestValidationError`` (a
+        400) for a bad, too slow or too large constraint."""
         from engine.structured_output.setup import require_manager
 
         return require_manager(self.structured_output_manager).compile_async(params, timeout_s)
-
-    def _compile_structured_outputs(self, params: SamplingParams) -> None:
-        """Compile (or find cached) the request's constraint; ``RequestValidationError``."""
-        if params.structured_outputs is None:
-            return
-        from engine.structured_output.setup import require_manager
-
-        require_manager(self.structured_output_manager).compile(params.structured_outputs)
 
     def _log_config(self, args: EngineArgs, scheduler_config: Any, kv_cache_config: Any) -> None:
         set_args = {
@@ -260,8 +262,8 @@ class LLMEngine:
         if params is None:
             params = self.default_sampling_params()
         prepared = self.input_processor.prepare(request_id, prompt, params, priority, cache_salt)
-        # After validation; a cache hit when the server compiled it already (compile_async).
-        self._compile_structured_outputs(params)
+        if params.structured_outputs is not None:  # checked here, compiled by the engine
+            self.validate_structured_outputs(params.structured_outputs)
         return prepared
 
     def add_prepared_request(self, prepared: PreparedRequest) -> None:
@@ -292,10 +294,13 @@ class LLMEngine:
         priority: int = 0,
         cache_salt: str | None = None,
     ) -> None:
-        """Tokenize, validate and queue a request. ``ValueError`` on bad input."""
-        self.add_prepared_request(
-            self.prepare_request(request_id, prompt, params, priority, cache_salt)
-        )
+        """Tokenize, validate, compile its constraint (blocking the caller until the grammar
+        is ready) and queue a request. ``ValueError`` on bad input."""
+        prepared = self.prepare_request(request_id, prompt, params, priority, cache_salt)
+        structured = prepared.params.structured_outputs
+        if structured is not None:
+            self.compile_structured_outputs_async(structured).result()
+        self.add_prepared_request(prepared)
 
     def abort_request(self, request_id: str | Sequence[str]) -> list[RequestOutput]:
         """Abort user requests (unknown ids are ignored); frees their blocks at once."""

@@ -149,7 +149,8 @@ def register_structured_output_backends() -> list[StructuredOutputBackendSpec]:
     Returns: a list of ``StructuredOutputBackendSpec``; each target is an
     ``engine_sdk.interfaces.structured_output.StructuredOutputBackend`` subclass, selected
     with ``--structured-outputs-config.backend NAME`` (``auto`` picks the highest
-    ``priority``).
+    ``priority``). The backend instance and its compiled grammars must pickle: the engine
+    compiles in worker processes (killed past a deadline, capped in memory).
     Conflicts: a backend name registered by two plugins is an error naming both.
     Since: engine-sdk 0.1.0.
     """

@@ -25,6 +25,7 @@ SERVER_FLAGS = [
     "--max-num-queued-reqs", "16", "--served-model-name", "tiny",
     "--log-stats-interval", "0", "--max-request-body-bytes", str(256 * 1024),
     "--max-header-bytes", str(16 * 1024), "--max-n", "4",
+    "--structured-outputs-config.compile-timeout-s", "5",
 ]  # fmt: skip
 
 

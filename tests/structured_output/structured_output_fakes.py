@@ -1,12 +1,13 @@
 """Fake structured-output backends for the manager tests (imported by spec targets).
 
 ``SleepyBackend`` compiles ``regex`` specs of the form ``"sleep:SECONDS"`` by sleeping that
-long, and records every compile, so tests can see what ran, when and on which thread.
+long, and ``"alloc:BYTES"`` by holding that much memory; each grammar records the process
+that compiled it (the manager compiles in worker processes, ``compile_worker.py``).
 """
 
 from __future__ import annotations
 
-import threading
+import os
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -56,6 +57,7 @@ class SleptGrammar(CompiledGrammar):
         self.spec = spec
         self.vocab_size = vocab_size
         self.num_bytes = num_bytes
+        self.pid = os.getpid()  # the process that compiled it
 
     def new_matcher(self) -> GrammarMatcher:
         return FixedMatcher(self.vocab_size, [1, 2, 3])
@@ -64,17 +66,15 @@ class SleptGrammar(CompiledGrammar):
 class SleepyBackend(StructuredOutputBackend):
     name: ClassVar[str] = "sleepy"
 
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
-        super().__init__(tokenizer, vocab_size)
-        self.compiled: list[tuple[str, str]] = []  # (spec, thread name), in start order
-        self.lock = threading.Lock()
-
     def compile(self, kind: str, spec: Any) -> CompiledGrammar:
-        if kind != "regex" or not str(spec).startswith("sleep:"):
+        what, _, value = str(spec).partition(":")
+        if kind != "regex" or what not in ("sleep", "alloc"):
             raise ValueError(f"the sleepy backend only compiles 'sleep:SECONDS', got {spec!r}")
-        with self.lock:
-            self.compiled.append((spec, threading.current_thread().name))
-        time.sleep(float(spec.split(":", 1)[1]))
+        if what == "sleep":
+            time.sleep(float(value))
+        else:  # touch every page, as a real compile building tables would
+            held = bytearray(int(value))
+            held[::4096] = b"x" * len(held[::4096])
         return SleptGrammar(spec, self.vocab_size, num_bytes=1000)
 
 

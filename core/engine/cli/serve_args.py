@@ -111,6 +111,8 @@ _FLAG_NAMES = {
     "structured_outputs_backend": "--structured-outputs-config.backend",
     "structured_outputs_max_repeat": "--structured-outputs-config.max-repeat",
     "structured_outputs_max_schema_depth": "--structured-outputs-config.max-schema-depth",
+    "structured_outputs_compile_timeout_s": "--structured-outputs-config.compile-timeout-s",
+    "structured_outputs_compile_memory_bytes": ("--structured-outputs-config.compile-memory-bytes"),
 }
 
 

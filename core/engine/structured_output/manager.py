@@ -1,10 +1,16 @@
 """``StructuredOutputManager``: one grammar backend, its compile cache and the per-step masks.
 
-The API layer compiles a request's constraint before the request enters the engine
-(``compile_async``: off the loop, with a deadline; errors are ``RequestValidationError``,
-HTTP 400). The runner then keeps one matcher per constrained request (``matcher_for``, a
-cache hit), asks for the batch's masks each step (``batch_masks``) and feeds back each
-sampled token (``accept_token``). See ``engine.structured_output`` for the wiring.
+Each constraint is checked where it enters and compiled in one place:
+
+- ``validate``: cheap checks on the spec text (size, bounds, a repeat of a refused one);
+  what an API server process does (it never compiles);
+- ``compile_async``: the engine's compile, in a killable, memory-capped worker process
+  (``compile_worker.py``), with a deadline, once per constraint (cached; a failed one is
+  refused on repeats). Errors are ``RequestValidationError`` (HTTP 400).
+
+The runner then keeps one matcher per constrained request (``matcher_for``, a cache hit),
+asks for the batch's masks each step (``batch_masks``) and feeds back each sampled token
+(``accept_token``). See ``engine.structured_output`` for the wiring.
 """
 
 from __future__ import annotations
@@ -28,8 +34,14 @@ from engine.plugins.errors import PluginError
 from engine.sampling_params import StructuredOutputsParams
 from engine.structured_output.bounds import check_bounds
 from engine.structured_output.cache import GrammarCache, RefusedGrammars, grammar_num_bytes
-from engine.structured_output.compile_pool import CompilePool, with_deadline
+from engine.structured_output.compile_worker import (
+    BackendPayload,
+    CompileAbandoned,
+    CompileLimitError,
+    CompileWorkerPool,
+)
 from engine.structured_output.config import StructuredOutputsConfig
+from engine.structured_output.deadlines import with_deadline
 from engine.structured_output.keys import GrammarKey, grammar_key
 from engine.structured_output.masks import DeviceMaskCache, EosRules, batch_masks
 
@@ -107,7 +119,8 @@ class StructuredOutputManager:
         self._device_masks: dict[torch.device, DeviceMaskCache] = {}
         self.cache = GrammarCache(self.config.max_cache_entries, self.config.max_cache_bytes)
         self.refused = RefusedGrammars()
-        self._pool = CompilePool(self.config.num_compile_workers)
+        self._pool: CompileWorkerPool | None = None  # started on the first compile
+        self.num_compiles = 0  # compiles sent to the workers (not cache hits)
         self._lock = threading.RLock()
         self._in_flight: dict[GrammarKey, _InFlight] = {}
         self._backend: StructuredOutputBackend | None = None
@@ -118,10 +131,11 @@ class StructuredOutputManager:
     def backend_name(self) -> str:
         return self.spec.name
 
-    # -- the backend (built on first use, in a compile thread) ----------------------------
+    # -- the backend (built on first use, then pickled once for each compile worker) -------
 
     def get_backend(self) -> StructuredOutputBackend:
-        """The backend instance, built on first use (blocks while it builds)."""
+        """The backend instance, built on first use (blocks while it builds). The engine's
+        process keeps it only to hand its vocabulary to the compile workers."""
         with self._backend_lock:
             if self._backend is None and self._backend_error is None:
                 try:
@@ -136,21 +150,52 @@ class StructuredOutputManager:
             assert self._backend is not None
             return self._backend
 
+    def _workers(self) -> CompileWorkerPool:
+        with self._lock:
+            if self._pool is None:
+                self._pool = CompileWorkerPool(
+                    lambda: BackendPayload.of(self.get_backend()),
+                    self.config.num_compile_workers,
+                    self.config.compile_timeout_s,
+                    self.config.compile_memory_bytes,
+                )
+            return self._pool
+
     def warmup(self, params: Sequence[StructuredOutputsParams] = ()) -> Future[None]:
-        """Build the backend (its vocabulary) in a compile thread now rather than on first
-        use, then compile ``params`` (for example ``json_object``, which every server
-        answering ``response_format={"type": "json_object"}`` needs) into the cache."""
+        """Build the backend (its vocabulary) and start the compile workers now, on a
+        background thread, rather than on first use; then compile ``params`` (for example
+        ``json_object``, which every server answering ``response_format={"type":
+        "json_object"}`` needs) into the cache."""
+        done: Future[None] = Future()
 
         def build() -> None:
-            self.get_backend()
-            for one in params:
-                key = grammar_key(one, self.config.max_spec_chars)
-                if self.cache.get(key) is None:
-                    self._compile_now(key)
+            try:
+                pool = self._workers()
+                pool.payload()
+                for started in pool.start_workers():
+                    started.result()
+                for one in params:
+                    self.compile(one)
+            except BaseException as exc:  # noqa: BLE001 - delivered to the caller
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
 
-        return self._pool.submit(build)
+        threading.Thread(target=build, name="engine-grammar-warmup", daemon=True).start()
+        return done
 
-    # -- compiling --------------------------------------------------------------------------
+    # -- checking and compiling -------------------------------------------------------------
+
+    def validate(self, params: StructuredOutputsParams) -> GrammarKey:
+        """The constraint's key; ``RequestValidationError`` (a 400) for a malformed,
+        oversized or over-bound spec, or one whose compile already failed here. Cheap
+        (microseconds; never compiles): what an API server process runs."""
+        key = grammar_key(params, self.config.max_spec_chars)
+        check_bounds(key.kind, key.canonical, self.config.max_repeat, self.config.max_schema_depth)
+        reason = self.refused.get(key)
+        if reason is not None:  # compiled once already, and failed
+            raise RequestValidationError(reason)
+        return key
 
     def compile_async(
         self, params: StructuredOutputsParams, timeout_s: float | None = None
@@ -158,14 +203,12 @@ class StructuredOutputManager:
         """A future of the compiled constraint; never blocks and never raises.
 
         The future fails with ``RequestValidationError`` for an invalid constraint or when
-        compiling takes longer than ``timeout_s`` (default ``config.compile_timeout_s``).
+        compiling takes longer than ``timeout_s`` (default ``config.compile_timeout_s``)
+        or more memory than ``config.compile_memory_bytes``.
         """
         timeout = self.config.compile_timeout_s if timeout_s is None else timeout_s
         try:
-            key = grammar_key(params, self.config.max_spec_chars)
-            check_bounds(
-                key.kind, key.canonical, self.config.max_repeat, self.config.max_schema_depth
-            )
+            key = self.validate(params)
         except RequestValidationError as exc:
             return _completed(error=exc)
         cached = self.cache.get(key)
@@ -175,14 +218,11 @@ class StructuredOutputManager:
             flight = self._in_flight.get(key)
             if flight is None:
                 reason = self.refused.get(key)
-                if reason is not None:  # compiled once already, and failed
+                if reason is not None:  # failed while this caller was validating
                     return _completed(error=RequestValidationError(reason))
                 flight = _InFlight()
                 self._in_flight[key] = flight
-                flight.inner = self._pool.submit(
-                    lambda: self._compile_now(key), lambda: self._claim(key, flight)
-                )
-                flight.inner.add_done_callback(lambda _: self._forget(key, flight))
+                flight.inner = self._submit(key, flight)
             assert flight.inner is not None
             outer = with_deadline(flight.inner, timeout, lambda: _timeout_error(key, timeout))
             flight.waiters.append(outer)
@@ -194,26 +234,58 @@ class StructuredOutputManager:
         """``compile_async(...).result()``: blocks the caller (not for the engine loop)."""
         return self.compile_async(params, timeout_s).result()
 
-    def _compile_now(self, key: GrammarKey) -> CompiledGrammar:
-        backend = self.get_backend()
-        try:
-            grammar = backend.compile(key.kind, key.backend_spec())
-        except (ValueError, TypeError) as exc:
-            error = RequestValidationError(f"structured_outputs.{key.kind}: {exc}")
-            self.refused.add(key, str(error))
-            raise error from exc
+    def _submit(self, key: GrammarKey, flight: _InFlight) -> Future[CompiledGrammar]:
+        """Send ``key`` to a worker; the returned future holds the cached grammar or the
+        request error (recorded as refused, so a repeat is refused without compiling)."""
+        inner: Future[CompiledGrammar] = Future()
+        raw = self._workers().submit(key.kind, key.backend_spec(), lambda: self._claim(key, flight))
+        self.num_compiles += 1
+
+        def finish(done: Future[Any]) -> None:
+            try:
+                inner.set_result(self._admit(key, done.result()))
+            except CompileAbandoned as exc:
+                self.num_compiles -= 1
+                inner.set_exception(exc)
+            except (ValueError, TypeError, CompileLimitError) as exc:
+                error = self._refusal(key, exc)
+                self.refused.add(key, str(error))
+                inner.set_exception(error)
+            except BaseException as exc:  # noqa: BLE001 - a worker that cannot start
+                inner.set_exception(exc)
+            finally:
+                self._forget(key, flight)
+
+        raw.add_done_callback(finish)
+        return inner
+
+    def _admit(self, key: GrammarKey, grammar: CompiledGrammar) -> CompiledGrammar:
         if not self.cache.put(key, grammar) and self.cache.max_entries > 0:
             # Too large for the whole cache: every repeat would build it again, and memory
             # would ratchet up by its size each time. Refuse it, now and on repeats.
-            error = RequestValidationError(
-                f"structured_outputs.{key.kind}: the compiled grammar takes "
-                f"{grammar_num_bytes(grammar)} bytes, more than the server's whole grammar "
-                f"cache ({self.cache.max_bytes} bytes); simplify the constraint (bounded "
-                "repetitions, fewer alternatives)"
+            raise ValueError(
+                f"the compiled grammar takes {grammar_num_bytes(grammar)} bytes, more than "
+                f"the server's whole grammar cache ({self.cache.max_bytes} bytes); simplify "
+                "the constraint (bounded repetitions, fewer alternatives)"
             )
-            self.refused.add(key, str(error))
-            raise error
         return grammar
+
+    def _refusal(self, key: GrammarKey, exc: BaseException) -> RequestValidationError:
+        if not isinstance(exc, CompileLimitError):
+            return RequestValidationError(f"structured_outputs.{key.kind}: {exc}")
+        if exc.reason == "timeout":
+            return _timeout_error(key, self.config.compile_timeout_s)
+        if exc.reason == "crashed":
+            return RequestValidationError(
+                f"structured_outputs.{key.kind}: the grammar compiler stopped unexpectedly on "
+                "this constraint; simplify it or send a different one"
+            )
+        return RequestValidationError(
+            f"structured_outputs.{key.kind}: compiling the constraint needed more than "
+            f"{self.config.compile_memory_bytes} bytes of memory and was stopped; simplify "
+            "the constraint (fewer optional fields or alternatives, bounded repetitions), "
+            "or the operator can raise --structured-outputs-config.compile-memory-bytes"
+        )
 
     def _claim(self, key: GrammarKey, flight: _InFlight) -> bool:
         """Run the queued compile unless every caller already gave up on it."""
@@ -283,13 +355,20 @@ class StructuredOutputManager:
             cache = self._device_masks[device] = DeviceMaskCache(self.eos_rules, device)
         return [None if m is None else cache.packed(m, vocab_size) for m in matchers]
 
+    def worker_pids(self) -> list[int | None]:
+        """The compile workers' process ids (``None``: not running); for tests and tools."""
+        return [] if self._pool is None else self._pool.worker_pids()
+
     def close(self) -> None:
-        self._pool.close()
+        """Stop the compile workers (a compile in progress is killed)."""
+        if self._pool is not None:
+            self._pool.kill_now()
 
 
 def _timeout_error(key: GrammarKey, timeout_s: float) -> RequestValidationError:
     return RequestValidationError(
-        f"structured_outputs.{key.kind}: grammar compilation exceeded {timeout_s:g} s; "
-        "simplify the constraint (fewer optional fields or alternatives, bounded "
-        "repetitions) or raise structured_outputs_config.compile_timeout_s"
+        f"structured_outputs.{key.kind}: compiling the constraint took longer than "
+        f"{timeout_s:g} s; simplify the constraint (fewer optional fields or "
+        "alternatives, bounded repetitions), or the operator can raise "
+        "--structured-outputs-config.compile-timeout-s"
     )

@@ -48,6 +48,8 @@ def build_structured_output_manager(
             backend=backend,
             max_repeat=args.structured_outputs_max_repeat,
             max_schema_depth=args.structured_outputs_max_schema_depth,
+            compile_timeout_s=args.structured_outputs_compile_timeout_s,
+            compile_memory_bytes=args.structured_outputs_compile_memory_bytes,
         )
     except ValueError as exc:
         raise StartupError(str(exc)) from None

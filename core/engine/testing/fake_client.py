@@ -17,7 +17,6 @@ with the ``delta_*`` fields set, as the engine's are.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import math
 import random
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
@@ -106,13 +105,8 @@ class FakeEngineClient:
             chat_template_kwargs,
         )  # fmt: skip
 
-    def compile_structured_outputs_async(
-        self, params: StructuredOutputsParams, timeout_s: float | None = None
-    ) -> concurrent.futures.Future[Any]:
+    def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:
         """Accepts every constraint (the fake generates its script or tokens anyway)."""
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        future.set_result(None)
-        return future
 
     # -- admission, statistics, health --------------------------------------------------------
 

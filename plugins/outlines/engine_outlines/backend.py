@@ -1,9 +1,10 @@
 """``OutlinesBackend``: constraints to outlines-core indexes for one tokenizer.
 
 The byte vocabulary is built once per backend (a few seconds for a 150k-token tokenizer);
-each ``compile`` is a regex (``regexes``) and an ``Index`` over that vocabulary. outlines-core
-releases the GIL while it builds an index, so compiling in a worker thread does not stall
-the engine loop. Bad input raises ``ValueError`` saying what is wrong.
+each ``compile`` is a regex (``regexes``) and an ``Index`` over that vocabulary. The engine
+compiles in worker processes: the backend is pickled once per worker without its
+tokenizer (``compile`` needs only the vocabulary), and the ``OutlinesGrammar`` it returns
+is pickled back. Bad input raises ``ValueError`` saying what is wrong.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ class OutlinesBackend(StructuredOutputBackend):
         super().__init__(tokenizer, vocab_size)
         self.eos_token_id = eos_token_id_of(tokenizer, vocab_size)
         self.vocabulary = build_vocabulary(tokenizer, vocab_size)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["tokenizer"] = None  # not needed to compile; large and slow to pickle
+        return state
 
     def compile(self, kind: str, spec: Any) -> OutlinesGrammar:
         regex = constraint_regex(kind, spec)

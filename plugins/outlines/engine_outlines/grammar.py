@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import torch
 from engine_sdk.interfaces.structured_output import CompiledGrammar, GrammarMatcher
+
+if TYPE_CHECKING:  # imported where masks are built: a compile worker never loads torch
+    import torch
 
 # Per-grammar mask cache: at most this many bytes of bool masks, and this many states.
 MASK_CACHE_BYTES = 4 << 20
@@ -47,13 +49,35 @@ class OutlinesGrammar(CompiledGrammar):
         self._max_states = max(4, min(MAX_CACHED_STATES, MASK_CACHE_BYTES // vocab_size))
         self._masks: OrderedDict[int, StateMask] = OrderedDict()
         self._lock = threading.Lock()
-        eos_only = np.zeros(vocab_size, dtype=np.bool_)
-        eos_only[eos_token_id] = True
-        self.eos_only = StateMask(torch.from_numpy(eos_only), eos_only, True)
+        self._eos_only: StateMask | None = None
         serialized = index.__reduce__()[1][0]
         self.num_bytes = (
             INDEX_MEMORY_FACTOR * len(serialized) + self._max_states * vocab_size + len(regex)
         )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What crosses from a compile worker: the index and the sizes (the lock and the
+        mask cache are rebuilt on the other side)."""
+        return {
+            "index": self.index, "regex": self.regex, "vocab_size": self.vocab_size,
+            "eos_token_id": self.eos_token_id,
+        }  # fmt: skip
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(  # type: ignore[misc]
+            state["index"], state["vocab_size"], state["eos_token_id"], state["regex"]
+        )
+
+    @property
+    def eos_only(self) -> StateMask:
+        """The mask after EOS: only EOS again (built on first use)."""
+        if self._eos_only is None:
+            import torch
+
+            eos_only = np.zeros(self.vocab_size, dtype=np.bool_)
+            eos_only[self.eos_token_id] = True
+            self._eos_only = StateMask(torch.from_numpy(eos_only), eos_only, True)
+        return self._eos_only
 
     def new_matcher(self) -> OutlinesMatcher:
         return OutlinesMatcher(self)
@@ -79,6 +103,8 @@ class OutlinesGrammar(CompiledGrammar):
         bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: self.vocab_size]
         bits = bits.view(np.bool_)
         terminated = bool(self.index.is_final_state(state)) and int(bits.sum()) == 1
+        import torch
+
         return StateMask(torch.from_numpy(bits), bits, terminated)
 
     def num_cached_states(self) -> int:

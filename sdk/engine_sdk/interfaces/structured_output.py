@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import typing
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-import torch
+if typing.TYPE_CHECKING:  # annotations only: a grammar compile process need not load torch
+    import torch
 
 
 class GrammarMatcher(ABC):
@@ -25,14 +27,21 @@ class GrammarMatcher(ABC):
 
 
 class CompiledGrammar(ABC):
-    """A constraint compiled once and shared by every request that asks for it."""
+    """A constraint compiled once and shared by every request that asks for it.
+
+    The engine compiles in worker processes and pickles the result back: a compiled
+    grammar must pickle (drop locks and caches in ``__getstate__``)."""
 
     @abstractmethod
     def new_matcher(self) -> GrammarMatcher: ...
 
 
 class StructuredOutputBackend(ABC):
-    """Builds compiled grammars for one tokenizer."""
+    """Builds compiled grammars for one tokenizer.
+
+    The engine builds the backend once, then pickles it once into each of its compile
+    worker processes, where ``compile`` runs under a deadline and a memory cap: a backend
+    must pickle, and may leave out what ``compile`` does not need (the tokenizer, say)."""
 
     name: ClassVar[str] = ""
 

@@ -63,8 +63,8 @@ from engine.entrypoints.openai.serving_base import (
 )
 from engine.entrypoints.openai.sse import DONE, HEADERS, sse_event
 from engine.entrypoints.openai.structured_request import (
-    compile_structured_outputs,
     structured_outputs_from_request,
+    validate_structured_outputs,
 )
 from engine.entrypoints.openai.tool_choice import plan_tools
 from engine.outputs import RequestOutput
@@ -105,7 +105,7 @@ class ChatServing:
         model = self.ctx.resolve_model(req.model)
         req_id = new_request_id(raw)
         prompt_ids, params, plan = await self.ctx.run_prepare(self._prepare, req)
-        await compile_structured_outputs(self.ctx.engine, params)
+        validate_structured_outputs(self.ctx.engine, params)
         stream = EngineStream(
             self.ctx, prompt_ids, params, req_id, priority=req.priority, cache_salt=req.cache_salt
         )

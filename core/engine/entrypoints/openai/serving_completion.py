@@ -52,8 +52,8 @@ from engine.entrypoints.openai.serving_base import (
 )
 from engine.entrypoints.openai.sse import DONE, HEADERS, sse_event
 from engine.entrypoints.openai.structured_request import (
-    compile_structured_outputs,
     structured_outputs_from_request,
+    validate_structured_outputs,
 )
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -95,7 +95,7 @@ class CompletionServing:
         model = self.ctx.resolve_model(req.model)
         req_id = new_request_id(raw)
         prompts = await self.ctx.run_prepare(self._prepare, req)
-        await compile_structured_outputs(self.ctx.engine, prompts[0].params)
+        validate_structured_outputs(self.ctx.engine, prompts[0].params)
         meta = _Meta(f"cmpl-{req_id}", int(time.time()), model, req.n, req, prompts)
         streams: list[EngineStream] = []
         try:

@@ -43,7 +43,7 @@ from engine.entrypoints.openai.serving_base import (
 )
 from engine.entrypoints.openai.serving_chat import ChatServing
 from engine.entrypoints.openai.sse import HEADERS
-from engine.entrypoints.openai.structured_request import compile_structured_outputs
+from engine.entrypoints.openai.structured_request import validate_structured_outputs
 from engine.outputs import RequestOutput
 
 logger = logging.getLogger("engine.server")
@@ -73,7 +73,7 @@ class ResponsesServing:
                 self.validate(chat_req)
         req_id = new_request_id(raw)
         prompt_ids, params, plan = await self.ctx.run_prepare(self.chat._prepare, chat_req)
-        await compile_structured_outputs(self.ctx.engine, params)
+        validate_structured_outputs(self.ctx.engine, params)
         record = ResponseRecord(f"resp_{req_id}", model, req, messages)
         record.num_input_tokens = len(prompt_ids)
         stream = EngineStream(

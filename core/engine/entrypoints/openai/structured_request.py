@@ -7,14 +7,14 @@
   "strict"}}``, ``{"type": "json_object"}`` or ``{"type": "text"}`` (no constraint).
 - ``guided_json`` & co. were removed: a 400 says what replaced each.
 
-``compile_structured_outputs`` awaits the engine's compile (worker threads, with the
-backend's deadline) so a bad or too slow constraint is a 400 before the request is queued,
-and the runner later finds the grammar in the cache.
+``validate_structured_outputs`` runs the cheap checks (size, bounds) so a malformed or
+hostile constraint is a 400 before anything is tokenized or queued; the engine compiles
+it (once, in a killable worker process with a deadline and a memory cap) before queueing
+the request, and the runner later finds the grammar in the cache.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from engine.engine_client import EngineClient
@@ -124,13 +124,13 @@ def structured_outputs_from_request(req: SamplingFields) -> StructuredOutputsPar
     return from_field or from_format
 
 
-async def compile_structured_outputs(engine: EngineClient, params: SamplingParams) -> None:
-    """Compile ``params.structured_outputs`` off the loop; 400 when it is invalid or its
-    compile exceeds the backend's deadline."""
+def validate_structured_outputs(engine: EngineClient, params: SamplingParams) -> None:
+    """400 when ``params.structured_outputs`` is malformed or over a bound: cheap checks
+    only. The engine compiles the constraint (once, in a worker process); a constraint too
+    slow or too large to compile fails the request there, also with a 400."""
     if params.structured_outputs is None:
         return
     try:
-        future = engine.compile_structured_outputs_async(params.structured_outputs)
-        await asyncio.wrap_future(future)
-    except ValueError as exc:  # RequestValidationError: invalid, unsupported or too slow
+        engine.validate_structured_outputs(params.structured_outputs)
+    except ValueError as exc:  # RequestValidationError: invalid, unsupported, over a bound
         raise APIError(str(exc), 400, "structured_outputs") from None
