@@ -40,6 +40,7 @@ from engine.errors import (
 )
 from engine.llm_engine import LLMEngine, StatsListener
 from engine.model_executor.pooling_task import PoolingConfig
+from engine.lora.request import LoRARequest
 from engine.outputs import RequestOutput
 from engine.outputs_processing import EngineCounters
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -231,6 +232,7 @@ class AsyncLLM:
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs until it finishes; closing the iterator aborts it.
 
@@ -240,7 +242,9 @@ class AsyncLLM:
         self._check_alive()
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
-        prepared = self.engine.prepare_request(request_id, prompt, params, priority, cache_salt)
+        prepared = self.engine.prepare_request(
+            request_id, prompt, params, priority, cache_salt, lora_request
+        )
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, asyncio.Queue())
         done: concurrent.futures.Future[None] = concurrent.futures.Future()

@@ -36,6 +36,7 @@ from engine.core.outputs import SchedulerStats
 from engine.engine_client import EngineClient, EngineLoad, load_of
 from engine.errors import EngineDeadError
 from engine.model_executor.pooling_task import PoolingConfig
+from engine.lora.request import LoRARequest
 from engine.outputs import RequestOutput
 from engine.outputs_processing.stats import EngineCounters
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -226,15 +227,21 @@ class DataParallelAsyncLLM:
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         if request_id is None:
             request_id = f"dp-{next(self._ids)}"
-        index = self.choose(prompt, cache_salt)
+        # An adapter's requests share prefixes only with each other: route by both.
+        route_key = cache_salt
+        if lora_request is not None:
+            route_key = f"{cache_salt or ''}\x00lora:{lora_request.cache_key}"
+        index = self.choose(prompt, route_key)
         self._owner[request_id] = index
         self._num_in_flight[index] += 1
         stream = self.engines[index].generate(
-            prompt, params, request_id, priority=priority, cache_salt=cache_salt
-        )
+            prompt, params, request_id, priority=priority, cache_salt=cache_salt,
+            lora_request=lora_request,
+        )  # fmt: skip
         try:
             async for output in stream:
                 yield output

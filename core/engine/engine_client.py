@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 if TYPE_CHECKING:
+    from engine.lora.request import LoRARequest
     from engine.core.outputs import EngineCounters, SchedulerStats
     from engine.model_executor.pooling_task import PoolingConfig
     from engine.outputs import RequestOutput
@@ -90,9 +91,10 @@ class EngineClient(Protocol):
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs (deltas) until it finishes; closing the iterator
-        aborts it. Bad input raises ``RequestValidationError`` on the first ``__anext__``,
+        aborts it. ``lora_request``: the adapter to run with (the engine needs LoRA on). Bad input raises ``RequestValidationError`` on the first ``__anext__``,
         a full queue ``QueueFullError``, a dead engine ``EngineDeadError``."""
         ...
 

@@ -18,6 +18,7 @@ from engine.config import EngineArgs
 from engine.core.engine_core import EngineCore
 from engine.core.outputs import SchedulerStats
 from engine.core.request import ReqId, RequestStatus
+from engine.errors import RequestValidationError
 from engine.generation_config import (
     describe_sampling_defaults,
     merge_sampling_params,
@@ -31,6 +32,8 @@ from engine.tokenization import apply_chat_template, collect_eos_token_ids
 from engine.tokenization.input_processor import InputProcessor, PreparedRequest, PromptType
 
 if TYPE_CHECKING:
+    from engine.lora.config import LoRAConfig
+    from engine.lora.request import LoRARequest
     from engine.plugins import PluginManager
 
 logger = logging.getLogger(__name__)
@@ -73,6 +76,11 @@ class LLMEngine:
         self.reasoning_parser_cls: Any = None
         # An embedding model's PoolingConfig (set by from_args; None: a generating model).
         self.pooling: Any = None
+        # LoRA (set by _assemble): the config (None: off), the model's HF config for the
+        # adapter shape checks, and the adapters checked so far.
+        self.lora_config: LoRAConfig | None = None
+        self.hf_config: Any = None
+        self._checked_loras: set[tuple[int, str]] = set()
 
     # -- construction -------------------------------------------------------------------------
 
@@ -153,6 +161,10 @@ class LLMEngine:
             max_logprobs=args.max_logprobs,
         )
         engine._setup_features(args, pm)
+        from engine.lora.config import LoRAConfig
+
+        engine.lora_config = LoRAConfig.from_engine_args(args)
+        engine.hf_config = source.hf_config
         from engine.model_executor.pooling_task import resolve_pooling
 
         # Embedding models: requests are prefill-only (pooling_request).
@@ -252,15 +264,20 @@ class LLMEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> PreparedRequest:
         """Tokenize and validate without touching engine state (safe from any thread)."""
+        if lora_request is not None:
+            self.check_lora_request(lora_request)
         if self.pooling is not None:
             from engine.pooling_request import pooling_request
 
             params, cache_salt = pooling_request(self.pooling, cache_salt)
         if params is None:
             params = self.default_sampling_params()
-        prepared = self.input_processor.prepare(request_id, prompt, params, priority, cache_salt)
+        prepared = self.input_processor.prepare(
+            request_id, prompt, params, priority, cache_salt, lora_request
+        )
         # After validation; a cache hit when the server compiled it already (compile_async).
         self._compile_structured_outputs(params)
         return prepared
@@ -292,11 +309,31 @@ class LLMEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Tokenize, validate and queue a request. ``ValueError`` on bad input."""
         self.add_prepared_request(
-            self.prepare_request(request_id, prompt, params, priority, cache_salt)
+            self.prepare_request(request_id, prompt, params, priority, cache_salt, lora_request)
         )
+
+    def check_lora_request(self, lora_request: LoRARequest) -> None:
+        """``RequestValidationError`` unless LoRA is on and the adapter fits (checked once
+        per adapter id: folder, files, rank, targets, shapes against the model)."""
+        from engine.lora.adapter import LoRAAdapterError, check_adapter
+
+        if self.lora_config is None:
+            raise RequestValidationError(
+                f"request asks for LoRA adapter {lora_request.lora_name!r} but LoRA is off; "
+                "start the engine with --enable-lora (LLM(enable_lora=True))"
+            )
+        key = (lora_request.lora_int_id, lora_request.lora_path)
+        if key in self._checked_loras:
+            return
+        try:
+            check_adapter(lora_request, self.lora_config.max_lora_rank, self.hf_config)
+        except LoRAAdapterError as exc:
+            raise RequestValidationError(str(exc)) from None
+        self._checked_loras.add(key)
 
     def abort_request(self, request_id: str | Sequence[str]) -> list[RequestOutput]:
         """Abort user requests (unknown ids are ignored); frees their blocks at once."""

@@ -170,7 +170,7 @@ def build_parser(specs: list[FlagSpec]) -> argparse.ArgumentParser:
         elif spec.dest == "plugins":
             kwargs["action"] = "append"
             kwargs["metavar"] = "NAME"
-        elif spec.dest == "served_model_name":
+        elif spec.dest in ("served_model_name", "lora_modules"):
             kwargs["nargs"] = "+"
             kwargs["metavar"] = "NAME"
         else:
