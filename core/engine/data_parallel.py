@@ -87,6 +87,8 @@ def sum_stats(all_stats: Sequence[SchedulerStats]) -> SchedulerStats:
         prefix_cache_hits=sum(s.prefix_cache_hits for s in all_stats),
         num_free_blocks=sum(s.num_free_blocks for s in all_stats),
         num_total_blocks=total_blocks,
+        running_lora_adapters=tuple(sorted({n for s in all_stats for n in s.running_lora_adapters})),
+        waiting_lora_adapters=tuple(sorted({n for s in all_stats for n in s.waiting_lora_adapters})),
     )
 
 

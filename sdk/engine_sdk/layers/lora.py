@@ -54,6 +54,9 @@ class LoRAContext:
 
     def __init__(self, max_num_tokens: int, device: torch.device | str) -> None:
         self.token_slots = torch.full((max_num_tokens,), -1, dtype=torch.int32, device=device)
+        # Host flag: whether this step has any adapter token (else layers skip LoRA). A
+        # CUDA graph captured with it on runs the kernels, which skip slot -1 tokens.
+        self.active = False
 
 
 class LoRALayer:
@@ -109,6 +112,8 @@ class LoRALayer:
 
     def apply(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``y`` (the base projection of ``x``) plus each token's adapter delta, in place."""
+        if not self.context.active:
+            return y
         x2 = x.reshape(-1, x.shape[-1])
         y = y if y.is_contiguous() else y.contiguous()
         y2 = y.view(-1, y.shape[-1])
