@@ -83,3 +83,22 @@ def test_rank_above_max_lora_rank_names_the_flag(qwen3_lora_model, adapters) -> 
     llm = _llm(qwen3_lora_model, enable_lora=True, max_lora_rank=8)
     with pytest.raises(ValueError, match=r"rank 16, above --max-lora-rank 8.*at least 16"):
         llm.generate([PROMPTS[0]], use_tqdm=False, lora_request=LoRARequest("g", 3, str(adapters["gamma"])))
+
+
+def test_prefix_cache_is_per_adapter(qwen3_lora_model, adapters) -> None:
+    """A 40-token prompt (two full 16-token blocks) run with alpha, beta, base, then alpha
+    again: only the repeat hits the cache, and every answer matches PEFT."""
+    llm = _llm(qwen3_lora_model, enable_lora=True, max_loras=2, max_lora_rank=16)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    prompt = [(7 * i + 3) % 300 + 1 for i in range(40)]
+    alpha = LoRARequest("alpha", 1, str(adapters["alpha"]))
+    beta = LoRARequest("beta", 2, str(adapters["beta"]))
+    hits = []
+    outs = []
+    for lora in (alpha, beta, None, alpha):
+        outs.append(llm.generate([prompt], params, use_tqdm=False, lora_request=lora)[0])
+        hits.append(llm.stats().prefix_cache_hits)
+    assert hits[:3] == [0, 0, 0] and hits[3] == 32
+    for out, name in zip(outs, ("alpha", "beta", None, "alpha"), strict=True):
+        path = None if name is None else adapters[name]
+        assert out.outputs[0].token_ids == hf_lora_greedy(qwen3_lora_model, path, prompt, 4)
