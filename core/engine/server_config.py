@@ -178,6 +178,8 @@ def resolve_api_server_count(server_args: ServerArgs, device: str) -> int:
         return server_args.api_server_count
     if not server_args.engine_process or device == "cpu":
         return 1
+    if server_args.allow_runtime_lora_updating:
+        return 1  # runtime adapter loads change one API server's table
     import torch
 
     return 2 if torch.cuda.is_available() else 1

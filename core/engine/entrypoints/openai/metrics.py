@@ -31,6 +31,27 @@ _ITL_BUCKETS = (
 
 
 API_REQUEST_KINDS = ("chat", "completion", "responses", "embeddings", "score", "rerank")
+LORA_INFO_LABELS = ["max_lora", "running_lora_adapters", "waiting_lora_adapters"]
+
+
+def lora_requests_info(prefix: str, stats: Any) -> GaugeMetricFamily:
+    """vLLM's ``lora_requests_info``: --max-loras and the adapters of running and waiting
+    requests (comma-separated names) as labels, the scrape time as the value."""
+    info = GaugeMetricFamily(
+        f"{prefix}lora_requests_info", "Running stats on LoRA requests.", labels=LORA_INFO_LABELS
+    )
+    if stats is None:
+        info.add_metric(["0", "", ""], time.time())
+        return info
+    info.add_metric(
+        [
+            str(stats.max_loras),
+            ",".join(stats.running_lora_adapters),
+            ",".join(stats.waiting_lora_adapters),
+        ],
+        time.time(),
+    )
+    return info
 
 
 class _SchedulerCollector(Collector):
@@ -72,6 +93,7 @@ class _SchedulerCollector(Collector):
         yield counter(
             "prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits
         )
+        yield lora_requests_info("engine:", stats)
 
 
 @dataclass
