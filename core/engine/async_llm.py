@@ -39,8 +39,8 @@ from engine.errors import (
     RequestValidationError,
 )
 from engine.llm_engine import LLMEngine, StatsListener
-from engine.model_executor.pooling_task import PoolingConfig
 from engine.lora.request import LoRARequest
+from engine.model_executor.pooling_task import PoolingConfig
 from engine.outputs import RequestOutput
 from engine.outputs_processing import EngineCounters
 from engine.sampling_params import SamplingParams, StructuredOutputsParams

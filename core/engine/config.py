@@ -96,7 +96,9 @@ class EngineArgs:
     )  # fmt: skip
     max_logprobs: int = arg(20, "Most logprobs a request may ask for.", "execution")
     # LoRA adapters (vLLM's flags and defaults)
-    enable_lora: bool = arg(False, "Serve LoRA adapters (PEFT folders) on top of the model.", "lora")
+    enable_lora: bool = arg(
+        False, "Serve LoRA adapters (PEFT folders) on top of the model.", "lora"
+    )
     max_loras: int = arg(
         1, "Most distinct adapters in one batch (device slots); requests of further adapters "
         "wait.", "lora",

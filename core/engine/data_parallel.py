@@ -35,8 +35,8 @@ from typing import Any
 from engine.core.outputs import SchedulerStats
 from engine.engine_client import EngineClient, EngineLoad, load_of
 from engine.errors import EngineDeadError
-from engine.model_executor.pooling_task import PoolingConfig
 from engine.lora.request import LoRARequest
+from engine.model_executor.pooling_task import PoolingConfig
 from engine.outputs import RequestOutput
 from engine.outputs_processing.stats import EngineCounters
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -87,8 +87,12 @@ def sum_stats(all_stats: Sequence[SchedulerStats]) -> SchedulerStats:
         prefix_cache_hits=sum(s.prefix_cache_hits for s in all_stats),
         num_free_blocks=sum(s.num_free_blocks for s in all_stats),
         num_total_blocks=total_blocks,
-        running_lora_adapters=tuple(sorted({n for s in all_stats for n in s.running_lora_adapters})),
-        waiting_lora_adapters=tuple(sorted({n for s in all_stats for n in s.waiting_lora_adapters})),
+        running_lora_adapters=tuple(
+            sorted({n for s in all_stats for n in s.running_lora_adapters})
+        ),
+        waiting_lora_adapters=tuple(
+            sorted({n for s in all_stats for n in s.waiting_lora_adapters})
+        ),
     )
 
 

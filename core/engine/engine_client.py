@@ -24,8 +24,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 if TYPE_CHECKING:
-    from engine.lora.request import LoRARequest
     from engine.core.outputs import EngineCounters, SchedulerStats
+    from engine.lora.request import LoRARequest
     from engine.model_executor.pooling_task import PoolingConfig
     from engine.outputs import RequestOutput
     from engine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -94,8 +94,9 @@ class EngineClient(Protocol):
         lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs (deltas) until it finishes; closing the iterator
-        aborts it. ``lora_request``: the adapter to run with (the engine needs LoRA on). Bad input raises ``RequestValidationError`` on the first ``__anext__``,
-        a full queue ``QueueFullError``, a dead engine ``EngineDeadError``."""
+        aborts it. ``lora_request``: the adapter to run with (the engine needs LoRA on).
+        Bad input raises ``RequestValidationError`` on the first ``__anext__``, a full
+        queue ``QueueFullError``, a dead engine ``EngineDeadError``."""
         ...
 
     async def abort(self, request_id: str | Sequence[str]) -> None: ...

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from transformers import AutoTokenizer
 
 from engine.cli.serve import serve_main
 from engine.testing.fake_client import FakeEngineClient, FakeEngineConfig
+from transformers import AutoTokenizer
 
 
 def main() -> int:
@@ -25,9 +25,7 @@ def main() -> int:
         max_model_len=8192,  # tool schemas in the prompt: about a token a character
         sampling_defaults={"temperature": 0.0},
     )  # fmt: skip
-    return serve_main(
-        argv, engine_factory=lambda args: FakeEngineClient(tokenizer, config)
-    )
+    return serve_main(argv, engine_factory=lambda args: FakeEngineClient(tokenizer, config))
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ from engine.entrypoints.openai.chat_features import ChatFeatures, load_tool_pars
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.serving_base import ServingContext
 from engine.errors import StartupError
-from engine.testing.fake_client import FakeEngineClient
 from engine.plugins import PluginManager
 from engine.server_config import ServerArgs
+from engine.testing.fake_client import FakeEngineClient
 from fastapi.testclient import TestClient
 
 pytestmark = pytest.mark.timeout(120)

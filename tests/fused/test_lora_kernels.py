@@ -33,7 +33,9 @@ def _loop_shrink(x, a, slots):
     return out
 
 
-@pytest.mark.parametrize(("num_tokens", "k", "r", "num_slots"), [(1, 64, 8, 1), (7, 100, 16, 3), (5, 40, 48, 2)])
+@pytest.mark.parametrize(
+    ("num_tokens", "k", "r", "num_slots"), [(1, 64, 8, 1), (7, 100, 16, 3), (5, 40, 48, 2)]
+)
 def test_shrink_triton_matches_reference(num_tokens, k, r, num_slots):
     x, a, slots = _case(num_tokens, k, r, num_slots)
     ref = lora_shrink_reference(x, a, slots)
@@ -75,7 +77,10 @@ def test_layer_with_merged_slices_matches_per_projection_lora():
     ctx = LoRAContext(16, DEVICE)
     layer = LoRALayer(ctx, 2, max_rank, k, sizes, torch.float32, DEVICE)
     pairs = {
-        slot: [(torch.randn(rank, k, generator=gen), torch.randn(n, rank, generator=gen)) for n in sizes]
+        slot: [
+            (torch.randn(rank, k, generator=gen), torch.randn(n, rank, generator=gen))
+            for n in sizes
+        ]
         for slot in range(2)
     }
     pairs[1][1] = None  # type: ignore[call-overload]  # slot 1 leaves k alone
@@ -97,4 +102,6 @@ def test_layer_with_merged_slices_matches_per_projection_lora():
             offset += n
     torch.testing.assert_close(y.cpu(), want, atol=1e-4, rtol=1e-4)
     ctx.active = False
-    assert torch.equal(layer.apply(x, torch.zeros(5, sum(sizes), device=DEVICE)).cpu(), torch.zeros(5, 32))
+    assert torch.equal(
+        layer.apply(x, torch.zeros(5, sum(sizes), device=DEVICE)).cpu(), torch.zeros(5, 32)
+    )

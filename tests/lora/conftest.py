@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from engine_sdk.testing.models import build_tiny_model
-
 from lora_builders import build_adapter
 
 

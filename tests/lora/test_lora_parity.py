@@ -20,7 +20,9 @@ def _llm(model: Path, **kwargs: object) -> LLM:
 
 
 @pytest.fixture(scope="module")
-def reference(qwen3_lora_model: Path, adapters: dict[str, Path]) -> dict[tuple[str, int], list[int]]:
+def reference(
+    qwen3_lora_model: Path, adapters: dict[str, Path]
+) -> dict[tuple[str, int], list[int]]:
     out = {}
     for name in (None, *adapters):
         for i, prompt in enumerate(PROMPTS):
@@ -76,13 +78,17 @@ def test_fewer_slots_than_adapters_queue_and_still_match(qwen3_lora_model, adapt
 def test_lora_request_without_enable_lora_is_refused(qwen3_lora_model, adapters) -> None:
     llm = _llm(qwen3_lora_model)
     with pytest.raises(ValueError, match="--enable-lora"):
-        llm.generate([PROMPTS[0]], use_tqdm=False, lora_request=LoRARequest("a", 1, str(adapters["alpha"])))
+        llm.generate(
+            [PROMPTS[0]], use_tqdm=False, lora_request=LoRARequest("a", 1, str(adapters["alpha"]))
+        )
 
 
 def test_rank_above_max_lora_rank_names_the_flag(qwen3_lora_model, adapters) -> None:
     llm = _llm(qwen3_lora_model, enable_lora=True, max_lora_rank=8)
     with pytest.raises(ValueError, match=r"rank 16, above --max-lora-rank 8.*at least 16"):
-        llm.generate([PROMPTS[0]], use_tqdm=False, lora_request=LoRARequest("g", 3, str(adapters["gamma"])))
+        llm.generate(
+            [PROMPTS[0]], use_tqdm=False, lora_request=LoRARequest("g", 3, str(adapters["gamma"]))
+        )
 
 
 def test_prefix_cache_is_per_adapter(qwen3_lora_model, adapters) -> None:

@@ -53,7 +53,9 @@ def root(tmp_path_factory: pytest.TempPathFactory, qwen3_lora_model: Path) -> Pa
 
 
 @pytest.fixture(scope="module")
-def server(qwen3_lora_model: Path, adapters: dict[str, Path], root: Path) -> Iterator[ServerProcess]:
+def server(
+    qwen3_lora_model: Path, adapters: dict[str, Path], root: Path
+) -> Iterator[ServerProcess]:
     port = free_port()
     beta = json.dumps({"name": "beta", "path": str(adapters["beta"]), "base_model_name": "tiny"})
     cmd = [*ENGINE, "serve", str(qwen3_lora_model), "--port", str(port), *FLAGS]
@@ -69,7 +71,9 @@ def _client(srv: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=srv.base_url + "/v1", api_key=KEY, max_retries=0)
 
 
-def _post(srv: ServerProcess, route: str, body: dict[str, object], key: str = KEY) -> httpx.Response:
+def _post(
+    srv: ServerProcess, route: str, body: dict[str, object], key: str = KEY
+) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"}
     return httpx.post(srv.base_url + route, json=body, headers=headers, timeout=60)
 
@@ -113,12 +117,24 @@ def test_unknown_model_is_404_listing_served_names(server: ServerProcess) -> Non
 
 
 def test_runtime_load_use_and_unload(server, qwen3_lora_model, root) -> None:
-    assert _post(server, "/v1/load_lora_adapter", {"lora_name": "gamma", "lora_path": str(root / "gamma")}, key="wrong").status_code == 401
-    r = _post(server, "/v1/load_lora_adapter", {"lora_name": "gamma", "lora_path": str(root / "gamma")})
+    assert (
+        _post(
+            server,
+            "/v1/load_lora_adapter",
+            {"lora_name": "gamma", "lora_path": str(root / "gamma")},
+            key="wrong",
+        ).status_code
+        == 401
+    )
+    r = _post(
+        server, "/v1/load_lora_adapter", {"lora_name": "gamma", "lora_path": str(root / "gamma")}
+    )
     assert r.status_code == 200, r.text
     assert "gamma" in [m.id for m in _client(server).models.list().data]
     assert _greedy(server, "gamma") == _reference(qwen3_lora_model, root / "gamma")
-    again = _post(server, "/v1/load_lora_adapter", {"lora_name": "gamma", "lora_path": str(root / "gamma")})
+    again = _post(
+        server, "/v1/load_lora_adapter", {"lora_name": "gamma", "lora_path": str(root / "gamma")}
+    )
     assert again.status_code == 400 and "already loaded" in again.text
     r = _post(server, "/v1/unload_lora_adapter", {"lora_name": "gamma"})
     assert r.status_code == 200, r.text
@@ -139,7 +155,11 @@ def test_runtime_load_use_and_unload(server, qwen3_lora_model, root) -> None:
     ],
 )
 def test_bad_loads_are_400_naming_the_problem(server, root, folder, words) -> None:
-    r = _post(server, "/v1/load_lora_adapter", {"lora_name": f"x-{folder}", "lora_path": str(root / folder)})
+    r = _post(
+        server,
+        "/v1/load_lora_adapter",
+        {"lora_name": f"x-{folder}", "lora_path": str(root / folder)},
+    )
     assert r.status_code == 400, r.text
     message = r.json()["error"]["message"]
     for word in words:
@@ -147,13 +167,20 @@ def test_bad_loads_are_400_naming_the_problem(server, root, folder, words) -> No
 
 
 def test_paths_outside_lora_root_are_refused(server, adapters) -> None:
-    r = _post(server, "/v1/load_lora_adapter", {"lora_name": "outside", "lora_path": str(adapters["gamma"])})
+    r = _post(
+        server,
+        "/v1/load_lora_adapter",
+        {"lora_name": "outside", "lora_path": str(adapters["gamma"])},
+    )
     assert r.status_code == 400 and "--lora-root" in r.json()["error"]["message"]
 
 
 def test_unloading_an_adapter_in_use_is_refused_until_it_finishes(server, root) -> None:
     path = str(root / "gamma")
-    assert _post(server, "/v1/load_lora_adapter", {"lora_name": "busy", "lora_path": path}).status_code == 200
+    assert (
+        _post(server, "/v1/load_lora_adapter", {"lora_name": "busy", "lora_path": path}).status_code
+        == 200
+    )
     client = _client(server)
     stream = client.completions.create(
         model="busy", prompt=PROMPT, max_tokens=200, temperature=0, stream=True,

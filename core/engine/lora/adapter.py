@@ -184,7 +184,8 @@ def check_adapter(
         with safe_open(str(path), framework="pt") as f:
             shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118
     except Exception as exc:
-        raise LoRAAdapterError(f"LoRA adapter {request.lora_name!r}: cannot read {path}: {exc}")
+        message = f"LoRA adapter {request.lora_name!r}: cannot read {path}: {exc}"
+        raise LoRAAdapterError(message) from None
     modules: dict[str, list[tuple[int, ...]]] = {}
     for key, shape in shapes.items():
         module, index = _module_of(request.lora_name, key)

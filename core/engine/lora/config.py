@@ -46,7 +46,10 @@ class LoRAConfig:
 
     @staticmethod
     def slot_bytes(
-        max_loras: int, max_lora_rank: int, projections: list[tuple[int, int, int]], dtype_bytes: int
+        max_loras: int,
+        max_lora_rank: int,
+        projections: list[tuple[int, int, int]],
+        dtype_bytes: int,
     ) -> int:
         """Device bytes of the slots: per projection (in, out, num_slices),
         ``max_loras * max_lora_rank * (num_slices * in + out) * dtype_bytes``."""

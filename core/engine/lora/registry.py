@@ -53,7 +53,8 @@ def parse_lora_modules(values: list[str]) -> list[LoRAModule]:
             try:
                 data = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise LoRAAdapterError(f"--lora-modules: {text!r} is not valid JSON ({exc})")
+                message = f"--lora-modules: {text!r} is not valid JSON ({exc})"
+                raise LoRAAdapterError(message) from None
             if not isinstance(data, dict) or not data.get("name") or not data.get("path"):
                 raise LoRAAdapterError(
                     f'--lora-modules: {text!r} needs "name" and "path" ({{"name": "sql", '
@@ -155,9 +156,8 @@ class LoRARegistry:
     def remove(self, name: str) -> LoRARequest:
         request = self._adapters.get(name)
         if request is None:
-            raise UnknownAdapterError(
-                f"LoRA adapter {name!r} is not loaded; loaded: {', '.join(self._adapters) or 'none'}"
-            )
+            loaded = ", ".join(self._adapters) or "none"
+            raise UnknownAdapterError(f"LoRA adapter {name!r} is not loaded; loaded: {loaded}")
         running = self._in_use.get(request.lora_int_id, 0)
         if running:
             raise AdapterInUseError(

@@ -27,8 +27,8 @@ from engine.core.outputs import SchedulerStats
 from engine.core.scheduler_output import Logprobs
 from engine.engine_client import EngineLoad, load_of
 from engine.errors import QueueFullError
-from engine.model_executor.pooling_task import PoolingConfig
 from engine.lora.request import LoRARequest
+from engine.model_executor.pooling_task import PoolingConfig
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.outputs_processing.stats import EngineCounters
 from engine.sampling_params import SamplingParams, StructuredOutputsParams

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator"
 """Triton kernels of batched LoRA: shrink ``x @ A[slot].T`` and expand ``h @ B[slot].T``.
 
 BGMV-style: every token reads its own adapter slot (``token_slots[t]``; -1: no adapter,

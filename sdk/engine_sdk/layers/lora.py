@@ -191,9 +191,7 @@ def _block(n: int, least: int = 16) -> int:
     return max(least, 1 << (max(n, 1) - 1).bit_length())
 
 
-def lora_shrink_triton(
-    x: torch.Tensor, lora_a: torch.Tensor, slots: torch.Tensor
-) -> torch.Tensor:
+def lora_shrink_triton(x: torch.Tensor, lora_a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     from engine_sdk.layers._lora_kernels import lora_shrink_kernel
 
     assert x.stride(-1) == 1 and lora_a.stride(-1) == 1

@@ -16,7 +16,12 @@ from pydantic import BaseModel, ConfigDict
 from engine.entrypoints.openai.errors import APIError
 from engine.entrypoints.openai.serving_base import ServingContext
 from engine.lora.adapter import LoRAAdapterError
-from engine.lora.registry import AdapterInUseError, LoRAModule, UnknownAdapterError
+from engine.lora.registry import (
+    AdapterInUseError,
+    LoRAModule,
+    LoRARegistry,
+    UnknownAdapterError,
+)
 
 __all__ = ["LoadLoRAAdapterRequest", "UnloadLoRAAdapterRequest", "add_lora_routes"]
 
@@ -71,7 +76,7 @@ def add_lora_routes(router: APIRouter, ctx: ServingContext) -> None:
         return f"Success: LoRA adapter '{body.lora_name}' removed successfully."
 
 
-def _registry(ctx: ServingContext):  # type: ignore[no-untyped-def]
+def _registry(ctx: ServingContext) -> LoRARegistry:
     if ctx.lora is None:
         raise APIError("LoRA is off on this server: start it with --enable-lora", 400)
     return ctx.lora

@@ -14,13 +14,12 @@ plus what only vLLM names: ``vllm:gpu_cache_usage_perc`` and
 ``vllm:time_per_output_token_seconds`` (the older names of two families),
 ``vllm:cache_config_info`` (block size, block count); ``vllm:lora_requests_info`` keeps
 vLLM's exact label set (``max_lora``, running and waiting adapters; no ``engine`` label),
-its value the scrape time as vLLM's is. The values are the same objects the ``engine:`` series read, so
-the two never disagree within one scrape.
+its value the scrape time as vLLM's is. The values are the same objects the ``engine:``
+series read, so the two never disagree within one scrape.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
