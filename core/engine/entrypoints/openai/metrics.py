@@ -40,14 +40,12 @@ def lora_requests_info(prefix: str, stats: Any) -> GaugeMetricFamily:
     info = GaugeMetricFamily(
         f"{prefix}lora_requests_info", "Running stats on LoRA requests.", labels=LORA_INFO_LABELS
     )
-    if stats is None:
-        info.add_metric(["0", "", ""], time.time())
-        return info
+    # getattr: stats of an engine (or a stand-in) without the LoRA fields report none.
     info.add_metric(
         [
-            str(stats.max_loras),
-            ",".join(stats.running_lora_adapters),
-            ",".join(stats.waiting_lora_adapters),
+            str(getattr(stats, "max_loras", 0)),
+            ",".join(getattr(stats, "running_lora_adapters", ())),
+            ",".join(getattr(stats, "waiting_lora_adapters", ())),
         ],
         time.time(),
     )
