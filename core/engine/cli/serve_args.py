@@ -299,6 +299,8 @@ def _flag_line(spec: FlagSpec) -> str:
         name = "--plugin NAME (repeatable)"
     elif spec.dest == "served_model_name":
         name = f"{spec.flag} NAME [NAME ...]"
+    elif spec.dest == "lora_modules":
+        name = f"{spec.flag} NAME=PATH|JSON [...]"
     else:
         name = f"{spec.flag} {spec.dest.upper()}"
     default = "" if spec.default in (None, [], {}) else f" [default: {spec.default}]"
