@@ -33,21 +33,25 @@ def _loop_shrink(x, a, slots):
     return out
 
 
+@pytest.mark.parametrize("blocked", [False, True], ids=["per-token", "blocked"])
 @pytest.mark.parametrize(
-    ("num_tokens", "k", "r", "num_slots"), [(1, 64, 8, 1), (7, 100, 16, 3), (5, 40, 48, 2)]
+    ("num_tokens", "k", "r", "num_slots"), [(1, 64, 8, 1), (7, 100, 16, 3), (37, 40, 48, 2)]
 )
-def test_shrink_triton_matches_reference(num_tokens, k, r, num_slots):
+def test_shrink_triton_matches_reference(num_tokens, k, r, num_slots, blocked):
     x, a, slots = _case(num_tokens, k, r, num_slots)
+    if num_tokens > 16:  # a run of one slot, as a prefill chunk gives: a uniform block
+        slots[:16] = 1
     ref = lora_shrink_reference(x, a, slots)
     torch.testing.assert_close(ref.cpu(), _loop_shrink(x, a, slots), atol=1e-4, rtol=1e-4)
-    got = lora_shrink_triton(x, a, slots)
+    got = lora_shrink_triton(x, a, slots, blocked=blocked)
     torch.testing.assert_close(got.cpu(), ref.cpu(), atol=1e-4, rtol=1e-4)
     # a no-adapter token gets exactly zero
     assert (got[slots < 0] == 0).all()
 
 
-@pytest.mark.parametrize(("num_tokens", "n", "r", "num_slots"), [(1, 64, 8, 1), (6, 200, 16, 4)])
-def test_expand_triton_matches_reference_on_a_column_slice(num_tokens, n, r, num_slots):
+@pytest.mark.parametrize("blocked", [False, True], ids=["per-token", "blocked"])
+@pytest.mark.parametrize(("num_tokens", "n", "r", "num_slots"), [(1, 64, 8, 1), (21, 200, 16, 4)])
+def test_expand_triton_matches_reference_on_a_column_slice(num_tokens, n, r, num_slots, blocked):
     gen = torch.Generator().manual_seed(1)
     h = torch.randn(num_tokens, 2 * r, generator=gen).to(DEVICE)
     b = torch.randn(num_slots, n + 8, r, generator=gen).to(DEVICE)
@@ -56,7 +60,7 @@ def test_expand_triton_matches_reference_on_a_column_slice(num_tokens, n, r, num
     # the second slice: columns 8 .. 8+n of y, rows 8.. of B, the second rank block of h
     y_ref, y_tri = base.clone(), base.clone()
     lora_expand_reference(y_ref[:, 8 : 8 + n], h[:, r:], b[:, 8:], slots)
-    lora_expand_triton(y_tri[:, 8 : 8 + n], h[:, r:], b[:, 8:], slots)
+    lora_expand_triton(y_tri[:, 8 : 8 + n], h[:, r:], b[:, 8:], slots, blocked=blocked)
     torch.testing.assert_close(y_tri.cpu(), y_ref.cpu(), atol=1e-4, rtol=1e-4)
     untouched = torch.ones_like(base, dtype=torch.bool)
     untouched[:, 8 : 8 + n] = False

@@ -20,11 +20,14 @@ into its columns of the output::
 
 On CUDA the Triton kernels (``_lora_kernels``) run; elsewhere the torch reference, which
 loops over the (few) slots with masks: no host sync, so it is also safe in a CUDA graph.
+``ENGINE_LORA_KERNELS=0`` keeps CUDA on the reference, ``=force`` runs the kernels on the
+CPU too (Triton's interpreter, for tests).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -136,6 +139,9 @@ class LoRALayer:
 
 @functools.lru_cache(maxsize=1)
 def _kernels() -> object | None:
+    """The Triton module, or None (not importable, or ``ENGINE_LORA_KERNELS=0``)."""
+    if os.environ.get("ENGINE_LORA_KERNELS", "1") == "0":
+        return None
     try:
         from engine_sdk.layers import _lora_kernels
     except ImportError:
@@ -143,8 +149,14 @@ def _kernels() -> object | None:
     return _lora_kernels
 
 
+@functools.lru_cache(maxsize=1)
+def _forced() -> bool:
+    """``ENGINE_LORA_KERNELS=force``: the Triton kernels on the CPU too (the interpreter)."""
+    return os.environ.get("ENGINE_LORA_KERNELS") == "force"
+
+
 def _use_kernels(x: torch.Tensor) -> bool:
-    return x.is_cuda and _kernels() is not None
+    return (x.is_cuda or _forced()) and _kernels() is not None
 
 
 def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -191,14 +203,36 @@ def _block(n: int, least: int = 16) -> int:
     return max(least, 1 << (max(n, 1) - 1).bit_length())
 
 
-def lora_shrink_triton(x: torch.Tensor, lora_a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    from engine_sdk.layers._lora_kernels import lora_shrink_kernel
+# From this many tokens (prefill chunks) the blocked kernels run: BLOCK_M tokens per
+# program read each slot's weights once; below it (decode) one program per token keeps
+# every SM busy. ``blocked=None`` picks by this threshold (tests force either).
+BLOCKED_MIN_TOKENS = 128
+_BLOCK_M = 16
+
+
+def _dot_precision(dtype: torch.dtype) -> str | None:
+    return "ieee" if dtype == torch.float32 else None  # fp32: no tf32 rounding
+
+
+def lora_shrink_triton(
+    x: torch.Tensor, lora_a: torch.Tensor, slots: torch.Tensor, blocked: bool | None = None
+) -> torch.Tensor:
+    from engine_sdk.layers._lora_kernels import lora_shrink_blocked_kernel, lora_shrink_kernel
 
     assert x.stride(-1) == 1 and lora_a.stride(-1) == 1
     num_tokens, k = x.shape
     r = lora_a.shape[1]
     h = torch.zeros(num_tokens, r, dtype=torch.float32, device=x.device)
     if num_tokens == 0:
+        return h
+    if blocked if blocked is not None else num_tokens >= BLOCKED_MIN_TOKENS:
+        lora_shrink_blocked_kernel[(-(-num_tokens // _BLOCK_M),)](
+            x, lora_a, h, slots,
+            num_tokens, k, r, lora_a.shape[0],
+            x.stride(0), lora_a.stride(0), lora_a.stride(1), h.stride(0),
+            BLOCK_M=_BLOCK_M, BLOCK_R=_block(r), BLOCK_K=64,
+            DOT_PRECISION=_dot_precision(x.dtype),
+        )  # fmt: skip
         return h
     lora_shrink_kernel[(num_tokens,)](
         x, lora_a, h, slots,
@@ -210,9 +244,13 @@ def lora_shrink_triton(x: torch.Tensor, lora_a: torch.Tensor, slots: torch.Tenso
 
 
 def lora_expand_triton(
-    y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, slots: torch.Tensor
+    y: torch.Tensor,
+    h: torch.Tensor,
+    lora_b: torch.Tensor,
+    slots: torch.Tensor,
+    blocked: bool | None = None,
 ) -> None:
-    from engine_sdk.layers._lora_kernels import lora_expand_kernel
+    from engine_sdk.layers._lora_kernels import lora_expand_blocked_kernel, lora_expand_kernel
 
     assert y.stride(-1) == 1 and h.stride(-1) == 1 and lora_b.stride(-1) == 1
     num_tokens, n = y.shape
@@ -220,6 +258,16 @@ def lora_expand_triton(
     if num_tokens == 0:
         return
     block_n = min(_block(n, 32), 128)
+    if blocked if blocked is not None else num_tokens >= BLOCKED_MIN_TOKENS:
+        grid = (-(-num_tokens // _BLOCK_M), -(-n // block_n))
+        lora_expand_blocked_kernel[grid](
+            h, lora_b, y, slots,
+            num_tokens, n, r, lora_b.shape[0],
+            h.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
+            BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_R=_block(r),
+            DOT_PRECISION=_dot_precision(lora_b.dtype),
+        )  # fmt: skip
+        return
     lora_expand_kernel[(num_tokens, -(-n // block_n))](
         h, lora_b, y, slots,
         n, r,
