@@ -249,3 +249,25 @@ def test_startup_errors_name_value_limit_and_flag(qwen3_lora_model, root) -> Non
     assert "--enable-lora" in err
     err = _serve_fails([model, "--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"])
     assert "--max-cpu-loras (2)" in err
+
+
+def test_run_batch_serves_adapters_by_model_name(qwen3_lora_model, adapters, tmp_path) -> None:
+    """``engine run-batch --enable-lora --lora-modules``: lines pick adapters by model."""
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    lines = [
+        {"custom_id": name, "method": "POST", "url": "/v1/completions",
+         "body": {**body, "model": name}}
+        for name in ("alpha", "tiny", "nope")
+    ]  # fmt: skip
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    cmd = [*ENGINE, "run-batch", "-i", str(src), "-o", str(dst), str(qwen3_lora_model)]
+    cmd += [f for f in FLAGS if f not in ("--metrics-compat", "vllm")]
+    cmd += ["--enable-lora", "--lora-modules", f"alpha={adapters['alpha']}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = {r["custom_id"]: r for r in map(json.loads, dst.read_text().splitlines())}
+    text = {k: records[k]["response"]["body"]["choices"][0]["text"] for k in ("alpha", "tiny")}
+    assert text["alpha"] == _reference(qwen3_lora_model, adapters["alpha"])
+    assert text["tiny"] == _reference(qwen3_lora_model, None)
+    assert records["nope"]["response"]["status_code"] == 404
