@@ -108,3 +108,17 @@ def test_prefix_cache_is_per_adapter(qwen3_lora_model, adapters) -> None:
     for out, name in zip(outs, ("alpha", "beta", None, "alpha"), strict=True):
         path = None if name is None else adapters[name]
         assert out.outputs[0].token_ids == hf_lora_greedy(qwen3_lora_model, path, prompt, 4)
+
+
+def test_chat_takes_a_lora_request(qwen3_lora_model, adapters) -> None:
+    llm = _llm(qwen3_lora_model, enable_lora=True)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    conversation = [{"role": "user", "content": "Hello there"}]
+    alpha = LoRARequest("alpha", 1, str(adapters["alpha"]))
+    with_adapter = llm.chat(conversation, params, use_tqdm=False, lora_request=alpha)[0]
+    base = llm.chat(conversation, params, use_tqdm=False)[0]
+    prompt = list(with_adapter.prompt_token_ids)
+    assert with_adapter.outputs[0].token_ids == hf_lora_greedy(
+        qwen3_lora_model, adapters["alpha"], prompt, 6
+    )
+    assert base.outputs[0].token_ids == hf_lora_greedy(qwen3_lora_model, None, prompt, 6)

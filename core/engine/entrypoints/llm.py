@@ -91,10 +91,12 @@ class LLM:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Answer one conversation (a list of messages) or a list of conversations.
 
-        ``chat_template`` overrides the model's template (a file path or Jinja text).
+        ``chat_template`` overrides the model's template (a file path or Jinja text);
+        ``lora_request`` as for ``generate``.
         """
         template = load_chat_template(chat_template)
         if messages and isinstance(messages[0], Mapping):
@@ -112,7 +114,8 @@ class LLM:
             )
             # The template already wrote the special tokens (BOS and role markers).
             prompts.append({"prompt": text, "add_special_tokens": False})
-        return self._run(prompts, _params_list(params, len(prompts)), use_tqdm)
+        loras = _lora_list(lora_request, len(prompts))
+        return self._run(prompts, _params_list(params, len(prompts)), use_tqdm, loras)
 
     def embed(
         self,
