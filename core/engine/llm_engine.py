@@ -81,6 +81,7 @@ class LLMEngine:
         self.lora_config: LoRAConfig | None = None
         self.hf_config: Any = None
         self._checked_loras: set[tuple[int, str]] = set()
+        self._checked_lora_targets: set[int] = set()
 
     # -- construction -------------------------------------------------------------------------
 
@@ -284,6 +285,9 @@ class LLMEngine:
 
     def add_prepared_request(self, prepared: PreparedRequest) -> None:
         """Queue a prepared request (engine thread only)."""
+        lora_request = prepared.core_requests[0].lora_request if prepared.core_requests else None
+        if lora_request is not None:
+            self._check_lora_targets(lora_request)
         self.output_processor.add_request(
             prepared.request_id,
             prepared.prompt,
@@ -334,6 +338,21 @@ class LLMEngine:
         except LoRAAdapterError as exc:
             raise RequestValidationError(str(exc)) from None
         self._checked_loras.add(key)
+
+    def _check_lora_targets(self, lora_request: LoRARequest) -> None:
+        """Where the runner is in this process (the engine side): the adapter's modules
+        are projections the model runs with LoRA slots, so a bad adapter fails its request
+        here, never a step. Checked once per adapter id."""
+        slots = getattr(self.runner, "lora", None)
+        if slots is None or lora_request.lora_int_id in self._checked_lora_targets:
+            return
+        from engine.lora.adapter import LoRAAdapterError, check_targets
+
+        try:
+            check_targets(lora_request, slots.targets, type(self.runner.model).__name__)
+        except (LoRAAdapterError, OSError) as exc:
+            raise RequestValidationError(str(exc)) from None
+        self._checked_lora_targets.add(lora_request.lora_int_id)
 
     def abort_request(self, request_id: str | Sequence[str]) -> list[RequestOutput]:
         """Abort user requests (unknown ids are ignored); frees their blocks at once."""

@@ -122,3 +122,26 @@ def test_chat_takes_a_lora_request(qwen3_lora_model, adapters) -> None:
         qwen3_lora_model, adapters["alpha"], prompt, 6
     )
     assert base.outputs[0].token_ids == hf_lora_greedy(qwen3_lora_model, None, prompt, 6)
+
+
+def test_adapter_for_modules_the_model_lacks_fails_its_request_only(
+    qwen3_lora_model, adapters, tmp_path
+) -> None:
+    """Shapes fit but the module names are not the model's: refused when added (a clear
+    error), never a failed step; the engine keeps serving."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "renamed"
+    shutil.copytree(adapters["beta"], folder)
+    tensors = load_file(str(folder / "adapter_model.safetensors"))
+    renamed = {k.replace(".model.layers.", ".model.decoder.layers."): v for k, v in tensors.items()}
+    save_file(renamed, str(folder / "adapter_model.safetensors"))
+    llm = _llm(qwen3_lora_model, enable_lora=True)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    bad = LoRARequest("renamed", 9, str(folder))
+    with pytest.raises(ValueError, match="does not run as LoRA-capable projections"):
+        llm.generate([PROMPTS[0]], params, use_tqdm=False, lora_request=bad)
+    out = llm.generate([PROMPTS[0]], params, use_tqdm=False)
+    assert out[0].outputs[0].token_ids == hf_lora_greedy(qwen3_lora_model, None, PROMPTS[0], 8)

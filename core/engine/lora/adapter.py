@@ -28,6 +28,8 @@ from engine.lora.request import LoRARequest
 
 __all__ = [
     "SUPPORTED_TARGET_MODULES",
+    "adapter_modules",
+    "check_targets",
     "AdapterConfig",
     "LoRAAdapter",
     "LoRAAdapterError",
@@ -240,6 +242,29 @@ def _layer_index(module: str) -> int | None:
         if part == "layers" and parts[i + 1].isdigit():
             return int(parts[i + 1])
     return None
+
+
+def adapter_modules(request: LoRARequest) -> set[str]:
+    """The HF module names the adapter's tensors target (reads only the file's header)."""
+    from safetensors import safe_open
+
+    path = Path(request.lora_path) / WEIGHTS_FILE
+    with safe_open(str(path), framework="pt") as f:
+        keys = list(f.keys())  # noqa: SIM118
+    return {_module_of(request.lora_name, key)[0] for key in keys}
+
+
+def check_targets(request: LoRARequest, targets: set[str] | dict[str, Any], model: str) -> None:
+    """``LoRAAdapterError`` unless every module the adapter targets is a LoRA-capable
+    projection of the served model (``targets``: the runner's)."""
+    missing = sorted(m for m in adapter_modules(request) if m not in targets)
+    if missing:
+        shown = ", ".join(repr(m) for m in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        raise LoRAAdapterError(
+            f"LoRA adapter {request.lora_name!r} targets {shown}, which {model} does not "
+            "run as LoRA-capable projections (base-model mismatch, or a layer such as MoE "
+            "experts that adapters cannot target); serve it with the model it was trained on"
+        )
 
 
 def load_adapter(request: LoRARequest, max_lora_rank: int) -> LoRAAdapter:
