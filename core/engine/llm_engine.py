@@ -349,7 +349,7 @@ class LLMEngine:
         from engine.lora.adapter import LoRAAdapterError, check_targets
 
         try:
-            check_targets(lora_request, slots.targets, type(self.runner.model).__name__)
+            check_targets(lora_request, slots.servable, type(self.runner.model).__name__)
         except (LoRAAdapterError, OSError) as exc:
             raise RequestValidationError(str(exc)) from None
         self._checked_lora_targets.add(lora_request.lora_int_id)

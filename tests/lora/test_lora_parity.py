@@ -145,3 +145,25 @@ def test_adapter_for_modules_the_model_lacks_fails_its_request_only(
         llm.generate([PROMPTS[0]], params, use_tqdm=False, lora_request=bad)
     out = llm.generate([PROMPTS[0]], params, use_tqdm=False)
     assert out[0].outputs[0].token_ids == hf_lora_greedy(qwen3_lora_model, None, PROMPTS[0], 8)
+
+
+def test_phi3_adapter_on_checkpoint_fused_projections(tmp_path) -> None:
+    """Phi-3 fuses q/k/v and gate/up in its checkpoint; PEFT adapters then target
+    ``qkv_proj`` / ``gate_up_proj`` (one A, B over the fused outputs)."""
+    from engine_sdk.testing.models import build_tiny_model
+    from lora_builders import build_adapter
+
+    model = build_tiny_model(tmp_path / "phi3", "Phi3ForCausalLM", seed=5)
+    adapter = build_adapter(
+        model, tmp_path / "phi3-lora", 8, ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], 21
+    )
+    llm = _llm(model, enable_lora=True)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    lora = LoRARequest("phi", 1, str(adapter))
+    outs = llm.generate(PROMPTS, params, use_tqdm=False, lora_request=[lora, None, lora, lora])
+    want = [
+        hf_lora_greedy(model, adapter if i != 1 else None, prompt, MAX_TOKENS)
+        for i, prompt in enumerate(PROMPTS)
+    ]
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert want[0] != hf_lora_greedy(model, None, PROMPTS[0], MAX_TOKENS)

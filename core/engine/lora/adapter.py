@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,10 +255,10 @@ def adapter_modules(request: LoRARequest) -> set[str]:
     return {_module_of(request.lora_name, key)[0] for key in keys}
 
 
-def check_targets(request: LoRARequest, targets: set[str] | dict[str, Any], model: str) -> None:
+def check_targets(request: LoRARequest, servable: Callable[[str], bool], model: str) -> None:
     """``LoRAAdapterError`` unless every module the adapter targets is a LoRA-capable
-    projection of the served model (``targets``: the runner's)."""
-    missing = sorted(m for m in adapter_modules(request) if m not in targets)
+    projection of the served model (``servable``: the runner's test)."""
+    missing = sorted(m for m in adapter_modules(request) if not servable(m))
     if missing:
         shown = ", ".join(repr(m) for m in missing[:3]) + (" ..." if len(missing) > 3 else "")
         raise LoRAAdapterError(

@@ -29,7 +29,37 @@ from engine.lora.request import LoRARequest
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LoRASlotManager"]
+__all__ = ["LoRASlotManager", "split_fused_modules"]
+
+# Checkpoint-fused projections (Phi-3) that the engine loads as separate ones: an adapter on
+# the fused module is one A and a B whose rows are the parts' outputs, in this order.
+FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def split_fused_modules(
+    weights: dict[str, tuple[torch.Tensor, torch.Tensor]], part_sizes: dict[str, int]
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``X.qkv_proj: (A, B)`` -> ``X.q_proj: (A, B[q rows])``, ... when the model runs
+    q/k/v as its own projections (``part_sizes``: output size of each); others unchanged::
+
+        B [q + k + v, r]  ->  B_q [q, r], B_k [k, r], B_v [v, r]   (A shared)
+    """
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name, (a, b) in weights.items():
+        prefix, _, short = name.rpartition(".")
+        parts = [f"{prefix}.{p}" for p in FUSED_PARTS.get(short, ())]
+        if name in part_sizes or not parts or not all(p in part_sizes for p in parts):
+            out[name] = (a, b)
+            continue
+        sizes = [part_sizes[p] for p in parts]
+        if sum(sizes) != b.shape[0]:
+            raise LoRAAdapterError(
+                f"module {name!r}: lora_B has {b.shape[0]} rows but the model's "
+                f"{'/'.join(FUSED_PARTS[short])} have {sum(sizes)} outputs together"
+            )
+        for part, rows in zip(parts, torch.split(b, sizes), strict=True):
+            out[part] = (a, rows)
+    return out
 
 
 class LoRASlotManager:
@@ -51,6 +81,10 @@ class LoRASlotManager:
                 f"--enable-lora: {type(model).__name__} has no Linear projections an adapter "
                 "can target; serve it without --enable-lora"
             )
+        # Output size of each HF module the model computes (merged layers: per part).
+        self.part_sizes = {
+            name: size for layer in self.targets.values() for name, size in layer.parts
+        }
         self.layers: list[Linear] = []
         for layer in dict.fromkeys(self.targets.values()):
             layer.lora = LoRALayer(
@@ -80,6 +114,15 @@ class LoRASlotManager:
     def slot_bytes(self) -> int:
         layers = [layer.lora for layer in self.layers if layer.lora is not None]
         return sum(x.lora_a.nbytes + x.lora_b.nbytes for x in layers)
+
+    def servable(self, module: str) -> bool:
+        """Whether an adapter may target ``module`` (a checkpoint-fused name counts when the
+        model runs all of its parts)."""
+        if module in self.part_sizes:
+            return True
+        prefix, _, short = module.rpartition(".")
+        parts = FUSED_PARTS.get(short)
+        return parts is not None and all(f"{prefix}.{p}" in self.part_sizes for p in parts)
 
     @property
     def active_ids(self) -> list[int]:
@@ -128,6 +171,7 @@ class LoRASlotManager:
             self._host.move_to_end(request.lora_int_id)
             return adapter
         adapter = load_adapter(request, self.config.max_lora_rank)
+        adapter.weights = split_fused_modules(adapter.weights, self.part_sizes)
         missing = sorted(m for m in adapter.weights if m not in self.targets)
         if missing:
             raise LoRAAdapterError(
