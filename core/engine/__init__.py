@@ -12,9 +12,10 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from engine.entrypoints.llm import LLM
+    from engine.lora.request import LoRARequest
     from engine.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "__version__"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "StructuredOutputsParams", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,6 +23,10 @@ def __getattr__(name: str) -> Any:
         from engine.entrypoints.llm import LLM
 
         return LLM
+    if name == "LoRARequest":
+        from engine.lora.request import LoRARequest
+
+        return LoRARequest
     if name in ("SamplingParams", "StructuredOutputsParams"):
         from engine import sampling_params
 

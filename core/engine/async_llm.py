@@ -38,6 +38,7 @@ from engine.errors import (
     RequestValidationError,
 )
 from engine.llm_engine import LLMEngine, StatsListener
+from engine.lora.request import LoRARequest
 from engine.model_executor.pooling_task import PoolingConfig
 from engine.outputs import RequestOutput, SchedulerStats
 from engine.outputs_processing import EngineCounters
@@ -225,6 +226,7 @@ class AsyncLLM:
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream a request's outputs until it finishes; closing the iterator aborts it.
 
@@ -234,7 +236,9 @@ class AsyncLLM:
         self._check_alive()
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
-        prepared = self.engine.prepare_request(request_id, prompt, params, priority, cache_salt)
+        prepared = self.engine.prepare_request(
+            request_id, prompt, params, priority, cache_salt, lora_request
+        )
         await self._compile_constraint(prepared)
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, asyncio.Queue())

@@ -95,6 +95,22 @@ class EngineArgs:
         "the step inputs to the other nodes.", "execution",
     )  # fmt: skip
     max_logprobs: int = arg(20, "Most logprobs a request may ask for.", "execution")
+    # LoRA adapters (vLLM's flags and defaults)
+    enable_lora: bool = arg(
+        False, "Serve LoRA adapters (PEFT folders) on top of the model.", "lora"
+    )
+    max_loras: int = arg(
+        1, "Most distinct adapters in one batch (device slots); requests of further adapters "
+        "wait.", "lora",
+    )  # fmt: skip
+    max_lora_rank: int = arg(
+        16, "Largest adapter rank served; sizes the device slots (memory: see docs/lora.md).",
+        "lora",
+    )  # fmt: skip
+    max_cpu_loras: int | None = arg(
+        None, "Adapters kept loaded in host memory, least recently used dropped first "
+        "(default: --max-loras).", "lora",
+    )  # fmt: skip
     # plugins
     plugins: list[str] = arg([], "Plugins to require (NAME) or block (no:NAME).", "plugins")
     # features (structured outputs, reasoning)

@@ -32,6 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from engine.engine_client import EngineClient, EngineLoad, load_of
+from engine.lora.request import LoRARequest
 from engine.model_executor.pooling_task import PoolingConfig
 from engine.outputs import RequestOutput, SchedulerStats
 from engine.outputs_processing.stats import EngineCounters
@@ -83,6 +84,12 @@ def sum_stats(all_stats: Sequence[SchedulerStats]) -> SchedulerStats:
         prefix_cache_hits=sum(s.prefix_cache_hits for s in all_stats),
         num_free_blocks=sum(s.num_free_blocks for s in all_stats),
         num_total_blocks=total_blocks,
+        running_lora_adapters=tuple(
+            sorted({n for s in all_stats for n in s.running_lora_adapters})
+        ),
+        waiting_lora_adapters=tuple(
+            sorted({n for s in all_stats for n in s.waiting_lora_adapters})
+        ),
     )
 
 
@@ -221,15 +228,21 @@ class DataParallelAsyncLLM:
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         if request_id is None:
             request_id = f"dp-{next(self._ids)}"
-        index = self.choose(prompt, cache_salt)
+        # An adapter's requests share prefixes only with each other: route by both.
+        route_key = cache_salt
+        if lora_request is not None:
+            route_key = f"{cache_salt or ''}\x00lora:{lora_request.cache_key}"
+        index = self.choose(prompt, route_key)
         self._owner[request_id] = index
         self._num_in_flight[index] += 1
         stream = self.engines[index].generate(
-            prompt, params, request_id, priority=priority, cache_salt=cache_salt
-        )
+            prompt, params, request_id, priority=priority, cache_salt=cache_salt,
+            lora_request=lora_request,
+        )  # fmt: skip
         try:
             async for output in stream:
                 yield output

@@ -23,6 +23,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 if TYPE_CHECKING:
+    from engine.lora.request import LoRARequest
     from engine.model_executor.pooling_task import PoolingConfig
     from engine.outputs import RequestOutput, SchedulerStats
     from engine.outputs_processing.stats import EngineCounters
@@ -89,10 +90,12 @@ class EngineClient(Protocol):
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream one request's outputs (deltas) until it finishes; closing the iterator
-        aborts it. Bad input raises ``RequestValidationError`` on the first ``__anext__``,
-        a full queue ``QueueFullError``, a dead engine ``EngineDeadError``."""
+        aborts it. ``lora_request``: the adapter to run with (the engine needs LoRA on).
+        Bad input raises ``RequestValidationError`` on the first ``__anext__``, a full
+        queue ``QueueFullError``, a dead engine ``EngineDeadError``."""
         ...
 
     async def abort(self, request_id: str | Sequence[str]) -> None: ...

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from engine.config import EngineArgs
 from engine.core.engine_core import EngineCore
 from engine.core.request import ReqId, RequestStatus
+from engine.errors import RequestValidationError
 from engine.generation_config import (
     describe_sampling_defaults,
     merge_sampling_params,
@@ -30,6 +31,8 @@ from engine.tokenization import apply_chat_template, collect_eos_token_ids
 from engine.tokenization.input_processor import InputProcessor, PreparedRequest, PromptType
 
 if TYPE_CHECKING:
+    from engine.lora.config import LoRAConfig
+    from engine.lora.request import LoRARequest
     from engine.plugins import PluginManager
 
 logger = logging.getLogger(__name__)
@@ -72,6 +75,12 @@ class LLMEngine:
         self.reasoning_parser_cls: Any = None
         # An embedding model's PoolingConfig (set by from_args; None: a generating model).
         self.pooling: Any = None
+        # LoRA (set by _assemble): the config (None: off), the model's HF config for the
+        # adapter shape checks, and the adapters checked so far.
+        self.lora_config: LoRAConfig | None = None
+        self.hf_config: Any = None
+        self._checked_loras: set[tuple[int, str]] = set()
+        self._checked_lora_targets: set[int] = set()
 
     # -- construction -------------------------------------------------------------------------
 
@@ -152,6 +161,10 @@ class LLMEngine:
             max_logprobs=args.max_logprobs,
         )
         engine._setup_features(args, pm)
+        from engine.lora.config import LoRAConfig
+
+        engine.lora_config = LoRAConfig.from_engine_args(args)
+        engine.hf_config = source.hf_config
         from engine.model_executor.pooling_task import resolve_pooling
 
         # Embedding models: requests are prefill-only (pooling_request).
@@ -253,21 +266,29 @@ class LLMEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> PreparedRequest:
         """Tokenize and validate without touching engine state (safe from any thread)."""
+        if lora_request is not None:
+            self.check_lora_request(lora_request)
         if self.pooling is not None:
             from engine.pooling_request import pooling_request
 
             params, cache_salt = pooling_request(self.pooling, cache_salt)
         if params is None:
             params = self.default_sampling_params()
-        prepared = self.input_processor.prepare(request_id, prompt, params, priority, cache_salt)
+        prepared = self.input_processor.prepare(
+            request_id, prompt, params, priority, cache_salt, lora_request
+        )
         if params.structured_outputs is not None:  # checked here, compiled by the engine
             self.validate_structured_outputs(params.structured_outputs)
         return prepared
 
     def add_prepared_request(self, prepared: PreparedRequest) -> None:
         """Queue a prepared request (engine thread only)."""
+        lora_request = prepared.core_requests[0].lora_request if prepared.core_requests else None
+        if lora_request is not None:
+            self._check_lora_targets(lora_request)
         self.output_processor.add_request(
             prepared.request_id,
             prepared.prompt,
@@ -293,14 +314,51 @@ class LLMEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Tokenize, validate, compile its constraint (blocking the caller until the grammar
         is ready) and queue a request. ``ValueError`` on bad input."""
-        prepared = self.prepare_request(request_id, prompt, params, priority, cache_salt)
+        prepared = self.prepare_request(
+            request_id, prompt, params, priority, cache_salt, lora_request
+        )
         structured = prepared.params.structured_outputs
         if structured is not None:
             self.compile_structured_outputs_async(structured).result()
         self.add_prepared_request(prepared)
+
+    def check_lora_request(self, lora_request: LoRARequest) -> None:
+        """``RequestValidationError`` unless LoRA is on and the adapter fits (checked once
+        per adapter id: folder, files, rank, targets, shapes against the model)."""
+        from engine.lora.adapter import LoRAAdapterError, check_adapter
+
+        if self.lora_config is None:
+            raise RequestValidationError(
+                f"request asks for LoRA adapter {lora_request.lora_name!r} but LoRA is off; "
+                "start the engine with --enable-lora (LLM(enable_lora=True))"
+            )
+        key = (lora_request.lora_int_id, lora_request.lora_path)
+        if key in self._checked_loras:
+            return
+        try:
+            check_adapter(lora_request, self.lora_config.max_lora_rank, self.hf_config)
+        except LoRAAdapterError as exc:
+            raise RequestValidationError(str(exc)) from None
+        self._checked_loras.add(key)
+
+    def _check_lora_targets(self, lora_request: LoRARequest) -> None:
+        """Where the runner is in this process (the engine side): the adapter's modules
+        are projections the model runs with LoRA slots, so a bad adapter fails its request
+        here, never a step. Checked once per adapter id."""
+        slots = getattr(self.runner, "lora", None)
+        if slots is None or lora_request.lora_int_id in self._checked_lora_targets:
+            return
+        from engine.lora.adapter import LoRAAdapterError, check_targets
+
+        try:
+            check_targets(lora_request, slots.servable, type(self.runner.model).__name__)
+        except (LoRAAdapterError, OSError) as exc:
+            raise RequestValidationError(str(exc)) from None
+        self._checked_lora_targets.add(lora_request.lora_int_id)
 
     def abort_request(self, request_id: str | Sequence[str]) -> list[RequestOutput]:
         """Abort user requests (unknown ids are ignored); frees their blocks at once."""

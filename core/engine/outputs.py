@@ -30,6 +30,10 @@ class SchedulerStats:
     prefix_cache_hits: int  # of those, tokens found
     num_free_blocks: int  # evictable cached blocks included
     num_total_blocks: int  # usable blocks (the reserved null block excluded)
+    # LoRA: --max-loras (0: LoRA off) and the adapters of running / waiting requests.
+    max_loras: int = 0
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -37,6 +37,19 @@ class ServerArgs:
     served_model_name: list[str] = arg(
         [], "Model name(s) clients use (default: the model path's name).", "server"
     )
+    lora_modules: list[str] = arg(
+        [], "LoRA adapters to serve (with --enable-lora), each name=path or a JSON object "
+        '{"name": ..., "path": ..., "base_model_name": ...}; clients select one by model name.',
+        "lora",
+    )  # fmt: skip
+    lora_root: str | None = arg(
+        None, "Folder under which /v1/load_lora_adapter may load adapters (required with "
+        "--allow-runtime-lora-updating).", "lora",
+    )  # fmt: skip
+    allow_runtime_lora_updating: bool = arg(
+        False, "Enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter (behind "
+        "--api-key; paths must be local folders under --lora-root).", "lora",
+    )  # fmt: skip
     api_key: str | None = arg(
         None, "Require 'Authorization: Bearer KEY' (also read from ENGINE_API_KEY).", "server"
     )
@@ -165,6 +178,8 @@ def resolve_api_server_count(server_args: ServerArgs, device: str) -> int:
         return server_args.api_server_count
     if not server_args.engine_process or device == "cpu":
         return 1
+    if server_args.allow_runtime_lora_updating:
+        return 1  # runtime adapter loads change one API server's table
     import torch
 
     return 2 if torch.cuda.is_available() else 1

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-CHECK = '''
+CHECK = """
 from engine.async_llm import AsyncLLM
 from engine.data_parallel import DataParallelAsyncLLM
 from engine.engine_client import EngineClient
@@ -26,9 +26,9 @@ def clients(
     a: AsyncLLM, b: ProcessAsyncLLM, c: DataParallelAsyncLLM, d: FakeEngineClient
 ) -> list[EngineClient]:
     return [a, b, c, d]
-'''
+"""
 
-BROKEN = '''
+BROKEN = """
 from engine.engine_client import EngineClient
 
 
@@ -38,7 +38,7 @@ class Drifted:
 
 def client(d: Drifted) -> EngineClient:
     return d
-'''
+"""
 
 
 def _mypy(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:

@@ -57,11 +57,12 @@ def run_batch_main(argv: list[str]) -> int:
         if isinstance(parsed, str):
             print(parsed)
             return 0
-        from engine.cli.serve import find_default_model, setup_logging
+        from engine.cli.serve import check_lora_flags, find_default_model, setup_logging
 
         setup_logging(parsed.server_args.log_level)
         if parsed.engine_args.model is None:
             parsed.engine_args.model = find_default_model()
+        check_lora_flags(parsed.engine_args, parsed.server_args)
     except UsageError as exc:
         print(f"engine run-batch: error: {exc}", file=sys.stderr)
         return 2
@@ -90,6 +91,7 @@ def _run(engine_args: Any, server_args: Any, batch: argparse.Namespace) -> Any:
     from engine.entrypoints.openai.server import attach_stats_listener, default_served_name
     from engine.entrypoints.openai.serving_base import ServingContext
     from engine.entrypoints.run_batch import run_batch
+    from engine.lora.registry import build_lora_registry
 
     # No HTTP listener: the key and the stats log line serve nobody here.
     server_args = dataclasses.replace(server_args, api_key=None, log_stats_interval=0)
@@ -103,6 +105,7 @@ def _run(engine_args: Any, server_args: Any, batch: argparse.Namespace) -> Any:
             engine=engine, served_model_names=list(names),
             metrics=ServerMetrics(names[0], lambda: engine.stats()),
             max_logprobs=engine_args.max_logprobs, features=features,
+            lora=build_lora_registry(engine_args, server_args, list(names)),
         )  # fmt: skip
         attach_stats_listener(engine, ctx.metrics)
         app = build_app(ctx, server_args)

@@ -128,6 +128,7 @@ def serve_main(argv: list[str], engine_factory: Callable[[EngineArgs], Any] | No
             if not server_args.served_model_name:
                 server_args.served_model_name = [DEFAULT_MODEL_NAME]
             apply_default_model_sampling(engine_args)
+        check_lora_flags(engine_args, server_args)
     except UsageError as exc:
         print(f"engine serve: error: {exc}", file=sys.stderr)
         return 2
@@ -153,6 +154,27 @@ def serve_main(argv: list[str], engine_factory: Callable[[EngineArgs], Any] | No
         logger.error("%s", exc)
         return 1
     return 0
+
+
+def check_lora_flags(engine_args: EngineArgs, server_args: Any) -> None:
+    """The LoRA flags and every ``--lora-modules`` adapter, before the (slow) engine start:
+    ``UsageError`` naming the value, the limit and the flag."""
+    from engine.entrypoints.openai.server import default_served_names
+    from engine.lora.adapter import LoRAAdapterError
+    from engine.lora.config import LoRAConfig
+    from engine.lora.registry import build_lora_registry
+
+    names = server_args.served_model_name or default_served_names(engine_args.model)
+    try:
+        LoRAConfig.from_engine_args(engine_args)
+        build_lora_registry(engine_args, server_args, list(names))
+    except (LoRAAdapterError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    if server_args.allow_runtime_lora_updating and (server_args.api_server_count or 1) > 1:
+        raise UsageError(
+            f"--allow-runtime-lora-updating keeps the adapter table in one API server; drop "
+            f"--api-server-count {server_args.api_server_count} (or set it to 1)"
+        )
 
 
 def _serve_headless(engine_args: EngineArgs, headless: bool, log_level: str) -> int:

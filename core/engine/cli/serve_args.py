@@ -172,7 +172,7 @@ def build_parser(specs: list[FlagSpec]) -> argparse.ArgumentParser:
         elif spec.dest == "plugins":
             kwargs["action"] = "append"
             kwargs["metavar"] = "NAME"
-        elif spec.dest == "served_model_name":
+        elif spec.dest in ("served_model_name", "lora_modules"):
             kwargs["nargs"] = "+"
             kwargs["metavar"] = "NAME"
         else:
@@ -301,6 +301,8 @@ def _flag_line(spec: FlagSpec) -> str:
         name = "--plugin NAME (repeatable)"
     elif spec.dest == "served_model_name":
         name = f"{spec.flag} NAME [NAME ...]"
+    elif spec.dest == "lora_modules":
+        name = f"{spec.flag} NAME=PATH|JSON [...]"
     else:
         name = f"{spec.flag} {spec.dest.upper()}"
     default = "" if spec.default in (None, [], {}) else f" [default: {spec.default}]"

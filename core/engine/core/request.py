@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import NewType
 
+from engine.lora.request import LoRARequest
 from engine.sampling_params import SamplingParams
 
 ReqId = NewType("ReqId", str)
@@ -39,6 +40,7 @@ class Request:
     priority: int = 0
     cache_salt: str | None = None
     lora_id: str | None = None  # adapter id: an extra key of the prefix-cache hash
+    lora_request: LoRARequest | None = None  # the adapter it runs with (None: the base model)
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -51,6 +53,10 @@ class Request:
     # scheduling: the step that samples them is still running). At most one per step in
     # flight; the scheduler counts them as part of the sequence.
     num_output_placeholders: int = 0
+
+    def __post_init__(self) -> None:
+        if self.lora_request is not None and self.lora_id is None:
+            self.lora_id = self.lora_request.cache_key
 
     @property
     def num_prompt_tokens(self) -> int:

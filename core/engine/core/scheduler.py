@@ -247,10 +247,22 @@ class Scheduler:
 
     def _schedule_waiting(self, state: _StepState) -> None:
         deferred: list[Request] = []
+        max_loras = self.config.max_loras
+        active_loras = self._running_lora_ids() if max_loras else set()
         while state.token_budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.peek()
             if request is None:
                 break
+            lora = request.lora_request
+            if (
+                lora is not None
+                and lora.lora_int_id not in active_loras
+                and len(active_loras) >= max_loras
+            ):
+                # --max-loras adapters are running: this one waits (the queue behind it
+                # goes on; it is first in line once one of those adapters drains).
+                deferred.append(self.waiting.pop())
+                continue
             computed_blocks, num_cached_tokens = self.kv.get_computed_blocks(request)
             if self.kv.is_next_block_pending(request, len(computed_blocks)):
                 # Another request computes this request's next prefix block in this very
@@ -268,8 +280,13 @@ class Scheduler:
             self._dequeue(request, remove=False)
             self._admit(request, num_cached_tokens)
             self._add_scheduled(state, request, num_new_tokens)
+            if lora is not None:
+                active_loras.add(lora.lora_int_id)
         for request in reversed(deferred):
             self.waiting.prepend(request)  # back at the front, in their order
+
+    def _running_lora_ids(self) -> set[int]:
+        return {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
 
     def _cap_new_tokens(self, num_new_tokens: int) -> int:
         threshold = self.config.long_prefill_token_threshold
@@ -510,6 +527,7 @@ class Scheduler:
         self._finished_req_ids.add(req_id)
 
     def stats(self) -> SchedulerStats:
+        lora = self.config.max_loras > 0
         return SchedulerStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
@@ -519,7 +537,15 @@ class Scheduler:
             prefix_cache_hits=self.kv.prefix_cache_hits,
             num_free_blocks=self.kv.num_free_blocks,
             num_total_blocks=self.kv.num_usable_blocks,
+            max_loras=self.config.max_loras,
+            running_lora_adapters=_adapter_names(self.running) if lora else (),
+            waiting_lora_adapters=_adapter_names(self.waiting) if lora else (),
         )
+
+
+def _adapter_names(requests: Iterable[Request]) -> tuple[str, ...]:
+    names = {r.lora_request.lora_name for r in requests if r.lora_request is not None}
+    return tuple(sorted(names))
 
 
 def _ends_with_placeholders(request: Request, num_tokens: int, max_model_len: int) -> bool:

@@ -21,6 +21,7 @@ class SchedulerConfig:
     policy: str = "fcfs"  # fcfs | priority (lower ``priority`` value first)
     max_num_queued_reqs: int | None = None
     max_num_queued_tokens: int | None = None
+    max_loras: int = 0  # distinct adapters among running requests (0: LoRA off)
 
     def __post_init__(self) -> None:
         def at_least(flag: str, value: int, minimum: int) -> None:
@@ -66,4 +67,5 @@ class SchedulerConfig:
             policy=args.scheduling_policy,
             max_num_queued_reqs=args.max_num_queued_reqs,
             max_num_queued_tokens=args.max_num_queued_tokens,
+            max_loras=args.max_loras if args.enable_lora else 0,
         )

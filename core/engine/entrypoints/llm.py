@@ -16,6 +16,7 @@ from typing import Any
 from engine.config import EngineArgs
 from engine.embedding_vectors import EmbeddingOutput, check_dimensions, finish_embedding
 from engine.llm_engine import LLMEngine
+from engine.lora.request import LoRARequest
 from engine.outputs import RequestOutput, SchedulerStats
 from engine.outputs_processing import EngineCounters
 from engine.sampling_params import RequestOutputKind, SamplingParams
@@ -65,15 +66,20 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Complete each prompt (a string, token ids, or {"prompt_token_ids": [...]})."""
+        """Complete each prompt (a string, token ids, or {"prompt_token_ids": [...]}).
+
+        ``lora_request``: the adapter for every prompt, or one per prompt (None: the base
+        model); needs ``LLM(enable_lora=True)``."""
         if self.engine.pooling is not None:
             raise ValueError(
                 "this model runs as an embedding model (task embed): use LLM.embed, or "
                 "build the LLM with task='generate'"
             )
         prompt_list = _as_prompt_list(prompts)
-        return self._run(prompt_list, _params_list(params, len(prompt_list)), use_tqdm)
+        loras = _lora_list(lora_request, len(prompt_list))
+        return self._run(prompt_list, _params_list(params, len(prompt_list)), use_tqdm, loras)
 
     def chat(
         self,
@@ -84,10 +90,12 @@ class LLM:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Answer one conversation (a list of messages) or a list of conversations.
 
-        ``chat_template`` overrides the model's template (a file path or Jinja text).
+        ``chat_template`` overrides the model's template (a file path or Jinja text);
+        ``lora_request`` as for ``generate``.
         """
         template = load_chat_template(chat_template)
         if messages and isinstance(messages[0], Mapping):
@@ -105,7 +113,8 @@ class LLM:
             )
             # The template already wrote the special tokens (BOS and role markers).
             prompts.append({"prompt": text, "add_special_tokens": False})
-        return self._run(prompts, _params_list(params, len(prompts)), use_tqdm)
+        loras = _lora_list(lora_request, len(prompts))
+        return self._run(prompts, _params_list(params, len(prompts)), use_tqdm, loras)
 
     def embed(
         self,
@@ -134,18 +143,23 @@ class LLM:
         return results
 
     def _run(
-        self, prompts: list[PromptType], params: list[SamplingParams | None], use_tqdm: bool
+        self,
+        prompts: list[PromptType],
+        params: list[SamplingParams | None],
+        use_tqdm: bool,
+        loras: list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         engine = self.engine
         order: dict[str, int] = {}
+        loras = loras if loras is not None else [None] * len(prompts)
         try:
-            for prompt, p in zip(prompts, params, strict=True):
+            for prompt, p, lora in zip(prompts, params, loras, strict=True):
                 request_id = f"offline-{next(self._ids)}"
                 # One output per request, when it finishes: no per-step copies.
                 p = (p if p is not None else engine.default_sampling_params()).clone(
                     output_kind=RequestOutputKind.FINAL_ONLY
                 )
-                engine.add_request(request_id, prompt, p)
+                engine.add_request(request_id, prompt, p, lora_request=lora)
                 order[request_id] = len(order)
         except BaseException:
             engine.abort_request(list(order))
@@ -168,6 +182,20 @@ class LLM:
         missing = [i for i, r in enumerate(results) if r is None]
         assert not missing, f"requests {missing} never finished"
         return [r for r in results if r is not None]
+
+
+def _lora_list(
+    lora_request: LoRARequest | Sequence[LoRARequest | None] | None, num_prompts: int
+) -> list[LoRARequest | None]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    loras = list(lora_request)
+    if len(loras) != num_prompts:
+        raise ValueError(
+            f"lora_request has {len(loras)} entries for {num_prompts} prompts; pass one "
+            "LoRARequest for all or one (or None) per prompt"
+        )
+    return loras
 
 
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:

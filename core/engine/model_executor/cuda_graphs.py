@@ -12,6 +12,10 @@ buffers; rows ``n .. b`` are padding that writes nothing (slot -1) and attends t
 The graph covers embedding to final norm; logits are computed eagerly on the ``n`` real
 rows, so captured graphs hold only small activations. Only backends that declare
 ``supports_cuda_graphs`` (no host work inside ``forward``) are captured.
+
+With LoRA on, each size is captured twice: without the adapter kernels (a step of base
+requests only) and with them, reading each row's slot from the layers' static slot buffer
+(padding rows: slot -1).
 """
 
 from __future__ import annotations
@@ -55,8 +59,9 @@ class CudaGraphRunner:
         self.seq_lens = torch.zeros(max_bs, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
         self.block_tables = torch.zeros(max_bs, max_blocks, dtype=torch.int32, device=dev)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, bool], torch.Tensor] = {}
+        self.lora_context = runner.lora.context if runner.lora is not None else None
         self.pool: object | None = None
 
     def _batch(self, bs: int) -> AttentionBatch:
@@ -89,14 +94,10 @@ class CudaGraphRunner:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for bs in reversed(self.sizes):  # largest first: later graphs reuse its pool
-                self._forward(bs)  # warm up (Triton compiles, cuBLAS picks kernels)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    out = self._forward(bs)
-                if self.pool is None:
-                    self.pool = graph.pool()
-                self.graphs[bs] = graph
-                self.outputs[bs] = out
+                for lora in (False, True) if self.lora_context is not None else (False,):
+                    self._capture_one(bs, lora, stream)
+            if self.lora_context is not None:
+                self.lora_context.active = False
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
         used = free_before - torch.cuda.mem_get_info(self.device)[0]
@@ -107,6 +108,19 @@ class CudaGraphRunner:
             time.perf_counter() - start,
             used / 2**20,
         )
+
+    def _capture_one(self, bs: int, lora: bool, stream: torch.cuda.Stream) -> None:
+        if self.lora_context is not None:
+            self.lora_context.active = lora
+            self.lora_context.token_slots.fill_(-1)
+        self._forward(bs)  # warm up (Triton compiles, cuBLAS picks kernels)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            out = self._forward(bs)
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.graphs[bs, lora] = graph
+        self.outputs[bs, lora] = out
 
     def can_run(self, inputs: StepInputs) -> bool:
         batch = inputs.attn_batch
@@ -133,6 +147,10 @@ class CudaGraphRunner:
         if bs > n:
             self.slot_mapping[n:bs].fill_(-1)
             self.seq_lens[n:bs].zero_()
-        self.graphs[bs].replay()
+        lora = inputs.lora_active
+        if lora and bs > n:
+            assert self.lora_context is not None
+            self.lora_context.token_slots[n:bs].fill_(-1)  # (rows < n: set by the runner)
+        self.graphs[bs, lora].replay()
         # Decode rows are in request order and every request samples: row i is request i.
-        return self.runner.model.compute_logits(self.outputs[bs][:n])
+        return self.runner.model.compute_logits(self.outputs[bs, lora][:n])

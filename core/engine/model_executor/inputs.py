@@ -65,6 +65,10 @@ class StepInputs:
     # the previous step's sampled ids to take instead (both int64 on the device, or None).
     placeholder_rows: torch.Tensor | None = None
     placeholder_sources: torch.Tensor | None = None
+    # LoRA: each token's adapter slot (int32 [num_tokens], -1: none) when LoRA is on, and
+    # whether any token has an adapter (else the layers skip their LoRA work).
+    lora_token_slots: torch.Tensor | None = None
+    lora_active: bool = False
 
 
 def _prompt_rows(
@@ -271,9 +275,11 @@ class StepInputsBuilder:
         so: SchedulerOutput,
         prompt_logprobs_done: dict[ReqId, int],
         prev_sample_rows: dict[ReqId, int] | None = None,
+        lora_slots: list[int] | None = None,
     ) -> StepInputs:
         """``prev_sample_rows``: each request's row in the previous step's sampled ids,
-        where its placeholder input comes from."""
+        where its placeholder input comes from. ``lora_slots``: each scheduled request's
+        adapter slot (-1: none), with LoRA on."""
         self.block_tables.drop(so.finished_req_ids)
         self.block_tables.drop(so.preempted_req_ids)
         return _build(
@@ -283,6 +289,7 @@ class StepInputsBuilder:
             prompt_logprobs_done,
             self.block_tables.gather,
             prev_sample_rows or {},
+            lora_slots,
         )
 
 
@@ -308,6 +315,7 @@ def _build(
     prompt_logprobs_done: dict[ReqId, int],
     make_table: TableFn,
     prev_sample_rows: dict[ReqId, int],
+    lora_slots: list[int] | None = None,
 ) -> StepInputs:
     scheduled = so.scheduled
     num_seqs = len(scheduled)
@@ -370,6 +378,9 @@ def _build(
         packer.add(slots),
         packer.add(logits_indices.astype(np.int64)),
     ]
+    lora_part = None
+    if lora_slots is not None:
+        lora_part = packer.add(np.asarray(lora_slots, dtype=np.int32)[token_req])
     placeholder_rows = np.flatnonzero(input_ids == PLACEHOLDER_TOKEN_ID)
     if len(placeholder_rows):
         sources = _placeholder_sources(scheduled, token_req[placeholder_rows], prev_sample_rows)
@@ -401,6 +412,8 @@ def _build(
         prompt_rows=prompt_rows,
         placeholder_rows=rows_t,
         placeholder_sources=sources_t,
+        lora_token_slots=None if lora_part is None else tensors[lora_part],
+        lora_active=lora_slots is not None and any(s >= 0 for s in lora_slots),
     )
 
 

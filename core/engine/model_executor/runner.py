@@ -25,6 +25,7 @@ from engine.config import EngineArgs
 from engine.core.request import ReqId
 from engine.core.scheduler_output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.errors import StartupError
+from engine.lora.slots import LoRASlotManager
 from engine.model_executor.cuda_graphs import CudaGraphRunner
 from engine.model_executor.host_copy import HostCopy
 from engine.model_executor.inputs import StepInputs, StepInputsBuilder
@@ -83,6 +84,7 @@ class ModelRunner:
         self.model = load_model(args, pm, source, load_config)
         self.pooler = make_pooler(args, pm, source)  # None unless the model embeds
         self.weights_bytes = tensor_bytes([*self.model.parameters(), *self.model.buffers()])
+        self.lora = self._setup_lora()  # adapter slots on every LoRA-capable projection
         self.vocab_size = int(source.hf_config.vocab_size)
         self.sampler = sampler if sampler is not None else Sampler()
         self.structured_outputs = StructuredOutputState(
@@ -111,6 +113,19 @@ class ModelRunner:
         if self.args.kv_cache_memory_bytes is None:
             check_free_memory(total, free, self.args.gpu_memory_utilization)
         return int(free)
+
+    def _setup_lora(self) -> LoRASlotManager | None:
+        from engine.lora.adapter import LoRAAdapterError
+        from engine.lora.config import LoRAConfig
+
+        try:
+            config = LoRAConfig.from_engine_args(self.args)
+            if config is None:
+                return None
+            max_tokens = max(self.args.effective_max_num_batched_tokens(), self.args.max_num_seqs)
+            return LoRASlotManager(self.model, config, max_tokens, self.device, self.dtype)
+        except (ValueError, LoRAAdapterError) as exc:
+            raise StartupError(str(exc)) from None
 
     def _select_backend(self, pm: Any) -> type[AttentionBackend]:
         needs = attention_needs(
@@ -262,6 +277,8 @@ class ModelRunner:
         if so.is_empty:
             return PendingStep(self, None, None, [])
         inputs = self.prepare_inputs(so)
+        if self.lora is not None:
+            self._set_lora_slots(inputs)
         if inputs.placeholder_rows is not None:
             assert inputs.placeholder_sources is not None and self._prev_sampled is not None
             inputs.input_ids.index_copy_(
@@ -291,7 +308,22 @@ class ModelRunner:
         return sample
 
     def prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
-        return self._inputs_builder.build(so, self._prompt_logprobs_done, self._prev_rows)
+        lora_slots = None
+        if self.lora is not None:
+            lora_slots = self.lora.assign([sr.request.lora_request for sr in so.scheduled])
+        return self._inputs_builder.build(
+            so, self._prompt_logprobs_done, self._prev_rows, lora_slots
+        )
+
+    def _set_lora_slots(self, inputs: StepInputs) -> None:
+        """Each token's adapter slot into the layers' shared buffer (queued on the stream
+        after the step in flight, which still reads the previous step's)."""
+        assert self.lora is not None
+        context = self.lora.context
+        context.active = inputs.lora_active
+        if inputs.lora_active and inputs.lora_token_slots is not None:
+            num_tokens = inputs.lora_token_slots.shape[0]
+            context.token_slots[:num_tokens].copy_(inputs.lora_token_slots, non_blocking=True)
 
     def run_model(self, inputs: StepInputs, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Forward the step; float32 logits [num_logits_rows, vocab] (prompt rows first)."""

@@ -25,6 +25,7 @@ from typing import Any
 
 from engine.engine_client import EngineLoad, load_of
 from engine.errors import QueueFullError
+from engine.lora.request import LoRARequest
 from engine.model_executor.pooling_task import PoolingConfig
 from engine.outputs import CompletionOutput, Logprobs, RequestOutput, SchedulerStats
 from engine.outputs_processing.stats import EngineCounters
@@ -63,6 +64,7 @@ class FakeEngineClient:
         self.dead_error: BaseException | None = None
         self.last_params: SamplingParams | None = None
         self.last_prompt: str | None = None
+        self.last_lora_request: LoRARequest | None = None
         self._running: dict[str, int] = {}  # request id -> KV blocks held
         self._waiting = 0
         self._aborted: set[str] = set()
@@ -159,8 +161,10 @@ class FakeEngineClient:
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         params = params if params is not None else self.default_sampling_params()
+        self.last_lora_request = lora_request
         request_id = request_id if request_id is not None else f"fake-{id(params)}"
         ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(str(prompt))
         self.last_params, self.last_prompt = params, self.tokenizer.decode(ids)

@@ -10,13 +10,16 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.core.request import ReqId, Request
 from engine.errors import RequestValidationError
 from engine.outputs_processing import child_params, child_req_ids
 from engine.sampling_params import SamplingParams
 from engine.tokenization import encode_prompt
+
+if TYPE_CHECKING:
+    from engine.lora.request import LoRARequest
 
 PromptType = str | list[int] | Mapping[str, Any]
 
@@ -127,6 +130,7 @@ class InputProcessor:
         params: SamplingParams,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> PreparedRequest:
         """Tokenize and validate; build one core ``Request`` per sequence (n of them)."""
         text, prompt_ids = self.tokenize(prompt)
@@ -143,6 +147,7 @@ class InputProcessor:
                 sampling_params=child,
                 priority=priority,
                 cache_salt=cache_salt,
+                lora_request=lora_request,
                 arrival_time=arrival,
             )
             for req_id, child in zip(

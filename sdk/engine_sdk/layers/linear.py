@@ -18,6 +18,7 @@ from engine_sdk.interfaces.quantization import QuantizationMethod
 
 if TYPE_CHECKING:
     from engine_sdk.interfaces.quantization import QuantizationConfig
+    from engine_sdk.layers.lora import LoRALayer
 
 __all__ = ["Linear", "UnquantizedLinearMethod", "merge_linears", "share_merged"]
 
@@ -55,7 +56,13 @@ class UnquantizedLinearMethod(QuantizationMethod):
 
 
 class Linear(torch.nn.Module):
-    """``y = x @ W.T + b`` with ``W`` stored and applied by the layer's quantization method."""
+    """``y = x @ W.T + b`` with ``W`` stored and applied by the layer's quantization method.
+
+    With LoRA on, the engine sets ``lora`` (:class:`~engine_sdk.layers.lora.LoRALayer`) on
+    the layers adapters target and ``forward`` adds each token's adapter delta. ``parts``
+    names the HF modules this layer computes, with their output sizes: one for a plain
+    layer, one per merged projection for ``merge_linears``' result.
+    """
 
     def __init__(
         self,
@@ -70,6 +77,8 @@ class Linear(torch.nn.Module):
         self.input_size = input_size
         self.output_size = output_size
         self.prefix = prefix
+        self.parts: tuple[tuple[str, int], ...] = ((prefix, output_size),)
+        self.lora: LoRALayer | None = None
         dtype = params_dtype or torch.get_default_dtype()
         method = quant_config.get_method(prefix) if quant_config is not None else None
         self.quant_method: QuantizationMethod = method or UnquantizedLinearMethod()
@@ -82,7 +91,10 @@ class Linear(torch.nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quant_method.apply(self, x, self.bias)
+        y = self.quant_method.apply(self, x, self.bias)
+        if self.lora is not None:
+            y = self.lora.apply(x, y)
+        return y
 
     def extra_repr(self) -> str:
         method = type(self.quant_method).__name__
@@ -120,6 +132,8 @@ def merge_linears(layers: list[Linear]) -> Linear | None:
     merged.input_size = first.input_size
     merged.output_size = sum(layer.output_size for layer in layers)
     merged.prefix = "+".join(layer.prefix for layer in layers)
+    merged.parts = tuple(part for layer in layers for part in layer.parts)
+    merged.lora = None
     method = first.quant_method.merge(layers, merged)
     if method is None:
         return None

@@ -211,17 +211,26 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
         return {"version": engine.__version__}
 
     def model_card(name: str) -> ModelCard:
+        adapter = ctx.lora.get(name) if ctx.lora is not None else None
+        if adapter is not None and ctx.lora is not None:  # vLLM: root = path, parent = base
+            return ModelCard(
+                id=name,
+                root=adapter.lora_path,
+                parent=ctx.lora.parent(name),
+                max_model_len=ctx.max_model_len,
+            )
         return ModelCard(id=name, root=ctx.served_model_names[0], max_model_len=ctx.max_model_len)
 
     @router.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[model_card(name) for name in ctx.served_model_names])
+        """The base model's names, then the LoRA adapters (with ``parent``)."""
+        return ModelList(data=[model_card(name) for name in ctx.model_names()])
 
     @router.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> ModelCard:
         """One model's card (the id may be a path, as vLLM's default served name is)."""
-        if model_id not in ctx.served_model_names:
-            raise model_not_found(model_id)
+        if model_id not in ctx.model_names():
+            raise model_not_found(model_id, ctx.model_names())
         return model_card(model_id)
 
     @router.post("/v1/chat/completions", response_model=None)
@@ -247,6 +256,10 @@ def build_app(ctx: ServingContext, server_args: ServerArgs) -> FastAPI:
         lambda chat_req: validate_chat_request(chat_req, limits),
     )  # fmt: skip
     add_embedding_routes(router, ctx, admit, warn_extra)
+    if server_args.allow_runtime_lora_updating:
+        from engine.entrypoints.openai.lora_routes import add_lora_routes
+
+        add_lora_routes(router, ctx)
 
     @router.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:

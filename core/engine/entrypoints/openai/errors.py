@@ -86,9 +86,10 @@ def shorten(value: str, limit: int = MAX_ECHOED_CHARS) -> str:
     return value if len(value) <= limit else f"{value[:limit]}... ({len(value)} characters)"
 
 
-def model_not_found(name: str) -> APIError:
+def model_not_found(name: str, served: list[str] | None = None) -> APIError:
+    listing = f" Served models: {', '.join(served)}." if served else ""
     return APIError(
-        f"The model `{shorten(name)}` does not exist.",
+        f"The model `{shorten(name)}` does not exist.{listing}",
         404,
         "model",
         "model_not_found",

@@ -31,6 +31,25 @@ _ITL_BUCKETS = (
 
 
 API_REQUEST_KINDS = ("chat", "completion", "responses", "embeddings", "score", "rerank")
+LORA_INFO_LABELS = ["max_lora", "running_lora_adapters", "waiting_lora_adapters"]
+
+
+def lora_requests_info(prefix: str, stats: Any) -> GaugeMetricFamily:
+    """vLLM's ``lora_requests_info``: --max-loras and the adapters of running and waiting
+    requests (comma-separated names) as labels, the scrape time as the value."""
+    info = GaugeMetricFamily(
+        f"{prefix}lora_requests_info", "Running stats on LoRA requests.", labels=LORA_INFO_LABELS
+    )
+    # getattr: stats of an engine (or a stand-in) without the LoRA fields report none.
+    info.add_metric(
+        [
+            str(getattr(stats, "max_loras", 0)),
+            ",".join(getattr(stats, "running_lora_adapters", ())),
+            ",".join(getattr(stats, "waiting_lora_adapters", ())),
+        ],
+        time.time(),
+    )
+    return info
 
 
 class _SchedulerCollector(Collector):
@@ -72,6 +91,7 @@ class _SchedulerCollector(Collector):
         yield counter(
             "prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits
         )
+        yield lora_requests_info("engine:", stats)
 
 
 @dataclass

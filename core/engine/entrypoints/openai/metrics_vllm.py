@@ -12,21 +12,22 @@ every ``engine:`` family under the ``vllm:`` prefix with vLLM's labels::
 
 plus what only vLLM names: ``vllm:gpu_cache_usage_perc`` and
 ``vllm:time_per_output_token_seconds`` (the older names of two families),
-``vllm:cache_config_info`` (block size, block count) and ``vllm:lora_requests_info`` (this
-engine serves no LoRA adapters: ``max_lora="0"`` and empty adapter lists, its value the
-scrape time as vLLM's is). The values are the same objects the ``engine:`` series read, so
-the two never disagree within one scrape.
+``vllm:cache_config_info`` (block size, block count); ``vllm:lora_requests_info`` keeps
+vLLM's exact label set (``max_lora``, running and waiting adapters; no ``engine`` label),
+its value the scrape time as vLLM's is. The values are the same objects the ``engine:``
+series read, so the two never disagree within one scrape.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from engine.entrypoints.openai.metrics import lora_requests_info
 
 SOURCE_PREFIX = "engine:"
 VLLM_PREFIX = "vllm:"
@@ -70,6 +71,8 @@ class VllmCompatCollector(Collector):
             if not family.name.startswith(SOURCE_PREFIX):
                 continue
             suffix = family.name[len(SOURCE_PREFIX) :]
+            if suffix == "lora_requests_info":
+                continue  # re-exported below with vLLM's labels only
             yield _renamed(family, suffix, self.engine_index)
             if suffix in _ALIASES:
                 yield _renamed(family, _ALIASES[suffix], self.engine_index)
@@ -92,12 +95,11 @@ class VllmCompatCollector(Collector):
         return info
 
     def _lora_requests_info(self) -> Metric:
-        names = ["max_lora", "running_lora_adapters", "waiting_lora_adapters"]
-        info = GaugeMetricFamily(
-            VLLM_PREFIX + "lora_requests_info", "Running stats on LoRA requests.", labels=names
-        )
-        info.add_metric(["0", "", ""], time.time())
-        return info
+        try:
+            stats = self.stats_fn()
+        except Exception:  # a dead engine must not break /metrics
+            stats = None
+        return lora_requests_info(VLLM_PREFIX, stats)
 
 
 def cache_config_labels(engine_args: Any) -> dict[str, str]:

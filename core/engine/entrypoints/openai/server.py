@@ -38,6 +38,7 @@ from engine.entrypoints.openai.connection_limits import uvicorn_connection_optio
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.serving_base import ServingContext
 from engine.errors import EngineError
+from engine.lora.registry import build_lora_registry
 from engine.server_config import ServerArgs, resolve_api_server_count
 
 logger = logging.getLogger("engine.server")
@@ -263,6 +264,7 @@ def serve_engine(
             log_requests=server_args.enable_log_requests,
             max_logprobs=engine_args.max_logprobs,
             features=features,
+            lora=build_lora_registry(engine_args, server_args, list(names)),
         )
         attach_stats_listener(engine_client, ctx.metrics)
         if server_args.metrics_compat == "vllm":

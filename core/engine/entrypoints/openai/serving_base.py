@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from fastapi import Request
@@ -30,6 +30,10 @@ from engine.entrypoints.openai.protocol import SamplingFields
 from engine.errors import EngineDeadError, EngineError, QueueFullError
 from engine.outputs import RequestOutput
 from engine.sampling_params import RequestOutputKind, SamplingParams
+
+if TYPE_CHECKING:
+    from engine.lora.registry import LoRARegistry
+    from engine.lora.request import LoRARequest
 
 logger = logging.getLogger("engine.server")
 T = TypeVar("T")
@@ -76,6 +80,8 @@ class ServingContext:
     prepare_timeout_s: float = 10.0
     max_prepare_workers: int = 4
     max_prepare_queue: int = 1024
+    # LoRA adapters served by name (engine.lora.registry.LoRARegistry; None: LoRA off).
+    lora: LoRARegistry | None = None
     _num_prepare_pending: int = field(default=0, init=False, repr=False)
     _prepare_pool: concurrent.futures.ThreadPoolExecutor | None = field(
         default=None, init=False, repr=False
@@ -135,11 +141,30 @@ class ServingContext:
         return int(self.engine.max_model_len)
 
     def resolve_model(self, name: str | None) -> str:
+        """The served name a request's ``model`` selects (a base model name or a LoRA
+        adapter's); 404 listing the served names for any other."""
         if name is None or name == "":
             return self.served_model_names[0]
-        if name not in self.served_model_names:
-            raise model_not_found(name)
-        return name
+        if name in self.served_model_names:
+            return name
+        if self.lora is not None and self.lora.get(name) is not None:
+            return name
+        raise model_not_found(name, self.model_names())
+
+    def model_names(self) -> list[str]:
+        """Every name a request may send: base model names, then adapters."""
+        adapters = self.lora.names() if self.lora is not None else []
+        return [*self.served_model_names, *adapters]
+
+    def lora_request_for(self, model: str | None) -> LoRARequest | None:
+        """The adapter a resolved model name selects (None: the base model). An adapter
+        unloaded since the name was resolved is a 404."""
+        if self.lora is None or model is None or model in self.served_model_names:
+            return None
+        request = self.lora.get(model)
+        if request is None:
+            raise model_not_found(model, self.model_names())
+        return request
 
 
 def new_request_id(request: Request) -> str:
@@ -228,7 +253,7 @@ class EngineStream:
 
     def __init__(
         self, ctx: ServingContext, prompt: Any, params: SamplingParams, req_id: str,
-        priority: int = 0, cache_salt: str | None = None,
+        priority: int = 0, cache_salt: str | None = None, model: str | None = None,
     ) -> None:  # fmt: skip
         if req_id in ctx.inflight.streams:
             raise APIError(
@@ -242,9 +267,15 @@ class EngineStream:
         self.kind = "generate"  # what /load counts it as (set by the route that made it)
         # Deltas: ChoiceState sums a choice's text once; nothing is re-joined per step.
         params = params.clone(output_kind=RequestOutputKind.DELTA)
+        # ``model``: the resolved name; an adapter's name runs the request with it, and the
+        # adapter counts as in use (not unloadable) until the request ends.
+        self.lora_request = ctx.lora_request_for(model)
         self._gen = ctx.engine.generate(
-            prompt, params, req_id, priority=priority, cache_salt=cache_salt
-        )
+            prompt, params, req_id, priority=priority, cache_salt=cache_salt,
+            lora_request=self.lora_request,
+        )  # fmt: skip
+        if self.lora_request is not None and ctx.lora is not None:
+            ctx.lora.acquire(self.lora_request)
         ctx.inflight.streams[req_id] = self
 
     def __aiter__(self) -> EngineStream:
@@ -273,7 +304,13 @@ class EngineStream:
             raise internal_error(self.req_id) from None
         if out.finished:
             self.finished = True
+            self._release_lora()
         return out
+
+    def _release_lora(self) -> None:
+        if self.lora_request is not None and self.ctx.lora is not None:
+            self.ctx.lora.release(self.lora_request)
+            self.lora_request = None
 
     async def abort(self) -> None:
         if not self.finished:
@@ -283,6 +320,7 @@ class EngineStream:
     async def close(self) -> None:
         """Release the request: abort it in the engine unless it finished."""
         self.ctx.inflight.streams.pop(self.req_id, None)
+        self._release_lora()
         with anyio.CancelScope(shield=True):
             try:
                 await self._gen.aclose()

@@ -107,8 +107,9 @@ class ChatServing:
         prompt_ids, params, plan = await self.ctx.run_prepare(self._prepare, req)
         validate_structured_outputs(self.ctx.engine, params)
         stream = EngineStream(
-            self.ctx, prompt_ids, params, req_id, priority=req.priority, cache_salt=req.cache_salt
-        )
+            self.ctx, prompt_ids, params, req_id, priority=req.priority, cache_salt=req.cache_salt,
+            model=model,
+        )  # fmt: skip
         tracker = self.ctx.metrics.request_tracker()
         if self.ctx.log_requests:
             logger.info(

@@ -102,7 +102,7 @@ class CompletionServing:
             for i, p in enumerate(prompts):
                 sub_id = req_id if len(prompts) == 1 else f"{req_id}-{i}"
                 stream = EngineStream(
-                    self.ctx, p.token_ids, p.params, sub_id, req.priority, req.cache_salt
+                    self.ctx, p.token_ids, p.params, sub_id, req.priority, req.cache_salt, model
                 )
                 streams.append(stream)
         except BaseException:

@@ -116,6 +116,13 @@ class EmbeddingServing:
     async def create(self, req: EmbeddingRequest, raw: Request) -> EmbeddingResponse:
         require_task(self.ctx, "embed")
         model = self.ctx.resolve_model(req.model)
+        if self.ctx.lora_request_for(model) is not None:
+            raise APIError(
+                f"`{model}` is a LoRA adapter; adapters serve generation, not embeddings: "
+                "send the base model's name",
+                400,
+                "model",
+            )
         pooling = self.ctx.engine.pooling
         try:
             check_dimensions(pooling, req.dimensions)

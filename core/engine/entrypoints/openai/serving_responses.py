@@ -77,8 +77,9 @@ class ResponsesServing:
         record = ResponseRecord(f"resp_{req_id}", model, req, messages)
         record.num_input_tokens = len(prompt_ids)
         stream = EngineStream(
-            self.ctx, prompt_ids, params, req_id, priority=req.priority, cache_salt=req.cache_salt
-        )
+            self.ctx, prompt_ids, params, req_id, priority=req.priority, cache_salt=req.cache_salt,
+            model=model,
+        )  # fmt: skip
         stream.kind = REQUEST_KIND
         record.engine_req_id = req_id
         if req.store:

@@ -1,0 +1,301 @@
+"""Batched LoRA on ``Linear``: adapter slots on the device and each token's slot index.
+
+Every ``Linear`` a LoRA adapter targets gets a :class:`LoRALayer` (``linear.lora``) from
+the engine; ``Linear.forward`` then adds ``scaling * B[slot] @ A[slot] @ x`` per token, so
+one batch mixes adapters and base requests and every model plugin built from ``Linear``
+serves adapters without code of its own. The slots are fixed-size tensors (``num_slots``
+adapters active at once, rank padded to ``max_rank``; the scaling ``alpha / r`` is folded
+into ``B`` when an adapter is written into a slot)::
+
+    lora_a  [num_slots, num_slices * max_rank, input_size]
+    lora_b  [num_slots, output_size, max_rank]
+    token_slots [max_num_tokens]  (LoRAContext, shared by all layers; -1 = no adapter)
+
+A merged projection (q/k/v or gate/up run as one GEMM, ``merge_linears``) has one slice
+per original projection: one shrink over the stacked ``A``s, then one expand per slice
+into its columns of the output::
+
+    h = x @ [A_q; A_k; A_v].T          y[:, q cols] += h[:, 0:R]   @ B[q rows].T
+                                       y[:, k cols] += h[:, R:2R]  @ B[k rows].T ...
+
+On CUDA the Triton kernels (``_lora_kernels``) run; elsewhere the torch reference, which
+loops over the (few) slots with masks: no host sync, so it is also safe in a CUDA graph.
+``ENGINE_LORA_KERNELS=0`` keeps CUDA on the reference, ``=force`` runs the kernels on the
+CPU too (Triton's interpreter, for tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from engine_sdk.layers.linear import Linear
+
+__all__ = [
+    "LoRAContext",
+    "LoRALayer",
+    "lora_expand",
+    "lora_expand_reference",
+    "lora_shrink",
+    "lora_shrink_reference",
+    "lora_target_layers",
+]
+
+
+class LoRAContext:
+    """What every LoRA layer of one model shares: the step's per-token slot indices.
+
+    The runner writes ``token_slots[:num_tokens]`` before each forward (padding rows of a
+    CUDA graph get -1); layers read the first ``x.shape[0]`` entries, a static view of one
+    persistent buffer, which is what a captured graph replays.
+    """
+
+    def __init__(self, max_num_tokens: int, device: torch.device | str) -> None:
+        self.token_slots = torch.full((max_num_tokens,), -1, dtype=torch.int32, device=device)
+        # Host flag: whether this step has any adapter token (else layers skip LoRA). A
+        # CUDA graph captured with it on runs the kernels, which skip slot -1 tokens.
+        self.active = False
+
+
+class LoRALayer:
+    """The adapter slots of one ``Linear`` (see the module docstring for the layout)."""
+
+    def __init__(
+        self,
+        context: LoRAContext,
+        num_slots: int,
+        max_rank: int,
+        input_size: int,
+        slice_sizes: Sequence[int],
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.context = context
+        self.max_rank = max_rank
+        self.slice_sizes = list(slice_sizes)
+        num_slices, output_size = len(self.slice_sizes), sum(self.slice_sizes)
+        self.lora_a = torch.zeros(
+            num_slots, num_slices * max_rank, input_size, dtype=dtype, device=device
+        )
+        self.lora_b = torch.zeros(num_slots, output_size, max_rank, dtype=dtype, device=device)
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.lora_a.shape[0])
+
+    def set_slot(
+        self, slot: int, weights: Sequence[tuple[torch.Tensor, torch.Tensor] | None]
+    ) -> None:
+        """Write one adapter into ``slot``: per slice ``(A [r, in], B [out, r])`` with the
+        scaling already in ``B``, or ``None`` (the adapter leaves that slice alone).
+        Copies on the device's stream: a step still running on the old slot contents
+        finishes first (async scheduling stays correct)."""
+        assert len(weights) == len(self.slice_sizes)
+        self.lora_a[slot].zero_()
+        self.lora_b[slot].zero_()
+        offset = 0
+        for i, (size, pair) in enumerate(zip(self.slice_sizes, weights, strict=True)):
+            if pair is not None:
+                a, b = pair
+                rank = a.shape[0]
+                assert rank <= self.max_rank and b.shape == (size, rank)
+                rows = slice(i * self.max_rank, i * self.max_rank + rank)
+                self.lora_a[slot, rows].copy_(a)
+                self.lora_b[slot, offset : offset + size, :rank].copy_(b)
+            offset += size
+
+    def clear_slot(self, slot: int) -> None:
+        self.lora_a[slot].zero_()
+        self.lora_b[slot].zero_()
+
+    def apply(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``y`` (the base projection of ``x``) plus each token's adapter delta, in place."""
+        if not self.context.active:
+            return y
+        x2 = x.reshape(-1, x.shape[-1])
+        y = y if y.is_contiguous() else y.contiguous()
+        y2 = y.view(-1, y.shape[-1])
+        slots = self.context.token_slots[: x2.shape[0]]
+        h = lora_shrink(x2, self.lora_a, slots)
+        offset, rank = 0, self.max_rank
+        for i, size in enumerate(self.slice_sizes):
+            lora_expand(
+                y2[:, offset : offset + size],
+                h[:, i * rank : (i + 1) * rank],
+                self.lora_b[:, offset : offset + size],
+                slots,
+            )
+            offset += size
+        return y
+
+
+# -- the two batched products -----------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels() -> object | None:
+    """The Triton module, or None (not importable, or ``ENGINE_LORA_KERNELS=0``)."""
+    if os.environ.get("ENGINE_LORA_KERNELS", "1") == "0":
+        return None
+    try:
+        from engine_sdk.layers import _lora_kernels
+    except ImportError:
+        return None
+    return _lora_kernels
+
+
+@functools.lru_cache(maxsize=1)
+def _forced() -> bool:
+    """``ENGINE_LORA_KERNELS=force``: the Triton kernels on the CPU too (the interpreter)."""
+    return os.environ.get("ENGINE_LORA_KERNELS") == "force"
+
+
+def _use_kernels(x: torch.Tensor) -> bool:
+    return (x.is_cuda or _forced()) and _kernels() is not None
+
+
+def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``h[t] = x[t] @ lora_a[slots[t]].T`` in float32 (zero where ``slots[t] < 0``)."""
+    if _use_kernels(x):
+        return lora_shrink_triton(x, lora_a, slots)
+    return lora_shrink_reference(x, lora_a, slots)
+
+
+def lora_expand(
+    y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """``y[t] += h[t] @ lora_b[slots[t]].T`` in place (nothing where ``slots[t] < 0``)."""
+    if _use_kernels(y):
+        lora_expand_triton(y, h, lora_b, slots)
+    else:
+        lora_expand_reference(y, h, lora_b, slots)
+
+
+def lora_shrink_reference(
+    x: torch.Tensor, lora_a: torch.Tensor, slots: torch.Tensor
+) -> torch.Tensor:
+    """The torch shrink: one masked GEMM per slot (few slots; no host sync)."""
+    h = torch.zeros(x.shape[0], lora_a.shape[1], dtype=torch.float32, device=x.device)
+    xf = x.float()
+    for slot in range(lora_a.shape[0]):
+        mask = (slots == slot).unsqueeze(1)
+        h += torch.where(mask, xf @ lora_a[slot].float().T, 0.0)
+    return h
+
+
+def lora_expand_reference(
+    y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """The torch expand (float32 sum, one rounding into ``y``'s dtype)."""
+    delta = torch.zeros(y.shape, dtype=torch.float32, device=y.device)
+    for slot in range(lora_b.shape[0]):
+        mask = (slots == slot).unsqueeze(1)
+        delta += torch.where(mask, h @ lora_b[slot].float().T, 0.0)
+    y.copy_((y.float() + delta).to(y.dtype))
+
+
+def _block(n: int, least: int = 16) -> int:
+    return max(least, 1 << (max(n, 1) - 1).bit_length())
+
+
+# From this many tokens (prefill chunks) the blocked kernels run: BLOCK_M tokens per
+# program read each slot's weights once; below it (decode) one program per token keeps
+# every SM busy. ``blocked=None`` picks by this threshold (tests force either).
+BLOCKED_MIN_TOKENS = 128
+_BLOCK_M = 16
+
+
+def _dot_precision(dtype: torch.dtype) -> str | None:
+    return "ieee" if dtype == torch.float32 else None  # fp32: no tf32 rounding
+
+
+def lora_shrink_triton(
+    x: torch.Tensor, lora_a: torch.Tensor, slots: torch.Tensor, blocked: bool | None = None
+) -> torch.Tensor:
+    from engine_sdk.layers._lora_kernels import lora_shrink_blocked_kernel, lora_shrink_kernel
+
+    assert x.stride(-1) == 1 and lora_a.stride(-1) == 1
+    num_tokens, k = x.shape
+    r = lora_a.shape[1]
+    h = torch.zeros(num_tokens, r, dtype=torch.float32, device=x.device)
+    if num_tokens == 0:
+        return h
+    if blocked if blocked is not None else num_tokens >= BLOCKED_MIN_TOKENS:
+        lora_shrink_blocked_kernel[(-(-num_tokens // _BLOCK_M),)](
+            x, lora_a, h, slots,
+            num_tokens, k, r, lora_a.shape[0],
+            x.stride(0), lora_a.stride(0), lora_a.stride(1), h.stride(0),
+            BLOCK_M=_BLOCK_M, BLOCK_R=_block(r), BLOCK_K=64,
+            DOT_PRECISION=_dot_precision(x.dtype),
+        )  # fmt: skip
+        return h
+    lora_shrink_kernel[(num_tokens,)](
+        x, lora_a, h, slots,
+        k, r,
+        x.stride(0), lora_a.stride(0), lora_a.stride(1), h.stride(0),
+        BLOCK_R=_block(r), BLOCK_K=min(_block(k, 32), 256),
+    )  # fmt: skip
+    return h
+
+
+def lora_expand_triton(
+    y: torch.Tensor,
+    h: torch.Tensor,
+    lora_b: torch.Tensor,
+    slots: torch.Tensor,
+    blocked: bool | None = None,
+) -> None:
+    from engine_sdk.layers._lora_kernels import lora_expand_blocked_kernel, lora_expand_kernel
+
+    assert y.stride(-1) == 1 and h.stride(-1) == 1 and lora_b.stride(-1) == 1
+    num_tokens, n = y.shape
+    r = h.shape[1]
+    if num_tokens == 0:
+        return
+    block_n = min(_block(n, 32), 128)
+    if blocked if blocked is not None else num_tokens >= BLOCKED_MIN_TOKENS:
+        grid = (-(-num_tokens // _BLOCK_M), -(-n // block_n))
+        lora_expand_blocked_kernel[grid](
+            h, lora_b, y, slots,
+            num_tokens, n, r, lora_b.shape[0],
+            h.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
+            BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_R=_block(r),
+            DOT_PRECISION=_dot_precision(lora_b.dtype),
+        )  # fmt: skip
+        return
+    lora_expand_kernel[(num_tokens, -(-n // block_n))](
+        h, lora_b, y, slots,
+        n, r,
+        h.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
+        BLOCK_N=block_n, BLOCK_R=_block(r),
+    )  # fmt: skip
+
+
+# -- which layers an adapter can target -------------------------------------------------------
+
+
+def lora_target_layers(model: torch.nn.Module) -> dict[str, Linear]:
+    """The ``Linear`` layers that run in ``model``'s forward, by HF module name.
+
+    A merged projection (``merge_linears``) runs instead of its parts, so the parts are
+    left out and the merged layer is listed under each part's name (its slices)::
+
+        q_proj, k_proj, v_proj merged  ->  {"...q_proj": qkv, "...k_proj": qkv, "...v_proj": qkv}
+    """
+    from engine_sdk.layers.linear import Linear
+
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    targets: dict[str, Linear] = {}
+    for layer in layers:
+        if len(layer.parts) > 1:
+            for name, _ in layer.parts:
+                targets[name] = layer
+    for layer in layers:
+        if len(layer.parts) == 1 and layer.prefix not in targets:
+            targets[layer.prefix] = layer
+    return targets
