@@ -190,8 +190,6 @@ def test_final_only_gives_one_whole_output(byte_tokenizer: Any) -> None:
     for c in outs[0].outputs:
         assert c.text == " 世界 the fox" and c.token_ids == gen
         assert len(c.logprobs or []) == len(gen)
-            c.text == " 世界 the fox" and c.token_ids == gen and len(c.logprobs or []) == len(gen)
-        )
 
 
 def test_cumulative_is_the_default(byte_tokenizer: Any) -> None:
