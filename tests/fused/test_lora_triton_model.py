@@ -13,6 +13,9 @@ import torch
 from engine_sdk.layers import lora
 from engine_sdk.testing.models import build_tiny_model
 
+# The interpreter on a CPU-only machine; the compiled kernels where a GPU is (Triton cannot
+# run compiled kernels on CPU tensors, and the interpreter is off there).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -55,7 +58,7 @@ def _generate(model: Path, loras: list, prompts: list[list[int]]) -> list[list[i
     from engine import LLM, SamplingParams
 
     llm = LLM(
-        str(model), device="cpu", dtype="float32", kv_cache_memory_bytes=4 << 20,
+        str(model), device=DEVICE, dtype="float32", kv_cache_memory_bytes=4 << 20,
         enable_lora=True, max_loras=2, max_lora_rank=16,
     )  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

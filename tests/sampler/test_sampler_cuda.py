@@ -109,7 +109,10 @@ def _count_syncs(fn) -> list[str]:
 
 
 @pytest.mark.parametrize("generator_device", ["cuda", "cpu"])
-def test_one_host_sync_per_call(generator_device: str) -> None:
+def test_sampling_queues_without_host_sync(generator_device: str) -> None:
+    """Sampling only queues work: torch sees no synchronizing call while the step's
+    sampling is enqueued (the one wait is ``DeviceSample.to_host``, on a CUDA event, which
+    async scheduling defers to the next step)."""
     logits = torch.randn(5, VOCAB_SIZE, device="cuda")
     mask = torch.ones(VOCAB_SIZE, dtype=torch.bool)
     generator = torch.Generator(device=generator_device).manual_seed(1)
@@ -118,8 +121,11 @@ def test_one_host_sync_per_call(generator_device: str) -> None:
         generators=[None] * 4 + [generator],
         masks=[None, None, mask, None, None],
     )
-    assert len(_count_syncs(lambda: Sampler()(logits, batch))) == 1
+    assert _count_syncs(lambda: Sampler().sample_on_device(logits, batch)) == []
     plain = _batch([SamplingParams(temperature=0.5, top_k=3)] * 5)
-    assert len(_count_syncs(lambda: Sampler()(logits, plain))) == 1
+    assert _count_syncs(lambda: Sampler().sample_on_device(logits, plain)) == []
+    # The whole call (queue, then wait on the copy's event) still returns host values.
+    out = Sampler()(logits, plain)
+    assert len(out.token_ids) == 5 and all(isinstance(t, int) for t in out.token_ids)
     prompt = _count_syncs(lambda: compute_prompt_logprobs(logits, [1, 2, 3, 4, 5], 3))
-    assert len(prompt) == 1
+    assert len(prompt) <= 1

@@ -209,7 +209,7 @@ def test_layer_picks_the_path_by_tokens(monkeypatch: pytest.MonkeyPatch) -> None
         with torch.inference_mode():
             out = layer(x)
         assert ran == [path], (num_tokens, ran)
-        want = x.double().cpu() @ reference.double().t() + layer.bias.double().cpu()
+        want = x.double().cpu() @ reference.double().cpu().t() + layer.bias.double().cpu()
         assert _rel_err(out, want) <= 2e-3
     ran.clear()
     layer(_x(2, 128, torch.float32))  # float32 activations: the dense path
