@@ -14,7 +14,10 @@ most ``--short-gap-us``: launch latency inside a graph or a queued stream) and l
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import time
 from pathlib import Path
 
@@ -49,6 +52,12 @@ def main() -> None:
     parser.add_argument("--sync", action="store_true", help="--no-async-scheduling")
     parser.add_argument("--short-gap-us", type=float, default=10.0)
     parser.add_argument("--quantization", default=None)
+    parser.add_argument(
+        "--cprofile",
+        type=int,
+        default=0,
+        help="also print the top N host functions (cProfile of another generate, by own time)",
+    )
     args = parser.parse_args()
     llm = LLM(
         args.model,
@@ -103,6 +112,16 @@ def main() -> None:
     for r in report["top"]:
         print(f"{r['us_per_token']:8.1f} us/tok {r['count_per_token']:6.1f}x "
               f"{r['us_mean']:7.2f} us  {r['name']}")  # fmt: skip
+    if args.cprofile:
+        host = cProfile.Profile()
+        host.enable()
+        llm.generate([prompt], params, use_tqdm=False)
+        torch.cuda.synchronize()
+        host.disable()
+        text = io.StringIO()
+        pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(args.cprofile)
+        report["cprofile"] = text.getvalue()
+        print(report["cprofile"])
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
 

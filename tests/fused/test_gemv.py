@@ -82,6 +82,8 @@ def test_use_gemv_declines_what_it_cannot_run(monkeypatch):
     assert not gemv.use_gemv(x.float(), w.float())  # float32: the library GEMM
     assert not gemv.use_gemv(x, w.T.contiguous().T)  # a transposed weight view
     assert not gemv.use_gemv(torch.randn(gemv.MAX_ROWS + 1, 32, dtype=torch.bfloat16), w)
+    wide = torch.randn(64, 32, dtype=torch.bfloat16, device=DEVICE)  # N >= K: cuBLAS at 2 rows
+    assert gemv.use_gemv(x[:1], wide) and not gemv.use_gemv(x, wide)
     assert not gemv.use_gemv(x[:, None, :], w)
     monkeypatch.setenv("ENGINE_GEMV", "0")
     assert not gemv.use_gemv(x, w)
