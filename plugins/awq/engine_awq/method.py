@@ -41,6 +41,7 @@ not a multiple of 4) keeps the checkpoint layout and the reference path, also on
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -60,7 +61,10 @@ __all__ = [
     "select_path",
 ]
 
-GEMV_MAX_TOKENS = 16  # split-K GEMV up to here (at most engine_awq.gemv.MAX_TOKENS)
+# split-K GEMV up to here (at most engine_awq.gemv.MAX_TOKENS). Off (0) unless ENGINE_QUANT_GEMV=1:
+# the kernel passes its tests on CPU (Triton's interpreter) but has not yet run on a GPU,
+# so the GPU-tested paths below stay the default until it is measured there.
+GEMV_MAX_TOKENS = 16 if os.environ.get("ENGINE_QUANT_GEMV") == "1" else 0
 GEMV_FMA_MAX_TOKENS = 1  # ... on CUDA cores up to here, tensor cores above (first guess)
 FMA_MAX_TOKENS = 4  # CUDA-core W4A16 GEMM up to here (below GEMV_MAX_TOKENS: not reached)
 DOT_MAX_TOKENS = 256  # tensor-core W4A16 up to here, then dequantize + dense matmul

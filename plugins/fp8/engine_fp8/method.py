@@ -48,6 +48,7 @@ larger scale would change every other layer's rounding).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -73,7 +74,10 @@ __all__ = [
 WEIGHT_STRATEGIES = ("tensor", "channel", "block")
 ACTIVATION_STRATEGIES = ("tensor", "token")
 FP8_MIN_CAPABILITY = 89
-GEMV_MAX_TOKENS = 16  # split-K GEMV up to here (at most engine_fp8.gemv.MAX_TOKENS)
+# split-K GEMV up to here (at most engine_fp8.gemv.MAX_TOKENS). Off (0) unless ENGINE_QUANT_GEMV=1:
+# the kernel passes its tests on CPU (Triton's interpreter) but has not yet run on a GPU,
+# so the GPU-tested paths below stay the default until it is measured there.
+GEMV_MAX_TOKENS = 16 if os.environ.get("ENGINE_QUANT_GEMV") == "1" else 0
 GEMV_FMA_MAX_TOKENS = 1  # ... on CUDA cores up to here, tensor cores above (first guess)
 W8A16_MAX_TOKENS = 16  # weight-only GEMM up to here when _scaled_mm could run
 W8A16_DENSE_MAX_TOKENS = 256  # ... and up to here when the alternative dequantizes

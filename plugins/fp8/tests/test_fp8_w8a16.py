@@ -10,7 +10,6 @@ from engine_fp8 import gemv, method, w8a16
 from engine_fp8.compressed_tensors import CompressedTensorsConfig
 from engine_fp8.config import Fp8Config
 from engine_fp8.method import (
-    GEMV_MAX_TOKENS,
     W8A16_DENSE_MAX_TOKENS,
     W8A16_FMA_MAX_TOKENS,
     W8A16_MAX_TOKENS,
@@ -154,10 +153,14 @@ def ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+GEMV_MAX_TOKENS = 16  # the split-K GEMV's limit with ENGINE_QUANT_GEMV=1
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layer_picks_w8a16_for_decode(
     layout: str, ran: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(method, "GEMV_MAX_TOKENS", GEMV_MAX_TOKENS)  # ENGINE_QUANT_GEMV=1
     (layer,) = _layers(layout, ((64, 1.0),))
     dense = layout == "fp8_block"  # no _scaled_mm path: W8A16 up to the dense limit
     big = (W8A16_DENSE_MAX_TOKENS if dense else W8A16_MAX_TOKENS) + 1
@@ -206,3 +209,19 @@ def test_merged_w8a16_equals_concatenation(layout: str, ran: list[str]) -> None:
             got = merged(x).float()
         assert len(ran) == 1
         assert (got - want).abs().max().item() <= 2e-3 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("env,limit", [(None, 0), ("1", GEMV_MAX_TOKENS), ("0", 0)])
+def test_split_k_gemv_is_opt_in_until_measured_on_a_gpu(env, limit) -> None:
+    """Only ENGINE_QUANT_GEMV=1 turns the split-K GEMV on (fresh interpreter per value)."""
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if k != "ENGINE_QUANT_GEMV"}
+    if env is not None:
+        environ["ENGINE_QUANT_GEMV"] = env
+    code = "import engine_fp8.method as m; print(m.GEMV_MAX_TOKENS)"
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == limit
