@@ -48,8 +48,11 @@ def _kernel() -> object | None:
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``gemv`` runs for this call (see the module docstring)."""
+    # Shape first: most calls (prefill, large batches) stop here without an environ lookup.
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[0] > MAX_ROWS:
+        return False
     mode = os.environ.get("ENGINE_GEMV", "1")
-    if mode == "0" or x.dim() != 2 or weight.dim() != 2:
+    if mode == "0":
         return False
     if not prefer_gemv(x.shape[0], weight.shape[0], weight.shape[1], weight.element_size()):
         return False
