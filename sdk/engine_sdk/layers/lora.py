@@ -12,8 +12,8 @@ into ``B`` when an adapter is written into a slot)::
     token_slots [max_num_tokens]  (LoRAContext, shared by all layers; -1 = no adapter)
 
 A merged projection (q/k/v or gate/up run as one GEMM, ``merge_linears``) has one slice
-per original projection: one shrink over the stacked ``A``s, then one expand per slice
-into its columns of the output::
+per original projection: one shrink over the stacked ``A``s, then one expand over all
+slices, each slice's columns from its own rank block of ``h`` (:class:`LoRASlices`)::
 
     h = x @ [A_q; A_k; A_v].T          y[:, q cols] += h[:, 0:R]   @ B[q rows].T
                                        y[:, k cols] += h[:, R:2R]  @ B[k rows].T ...
@@ -27,6 +27,7 @@ CPU too (Triton's interpreter, for tests).
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LoRAContext",
     "LoRALayer",
+    "LoRASlices",
     "lora_expand",
     "lora_expand_reference",
     "lora_shrink",
@@ -62,6 +64,25 @@ class LoRAContext:
         self.active = False
 
 
+class LoRASlices:
+    """The output slices of a merged projection: sizes on the host (the torch reference,
+    the launch grid) and column starts on the device (the expand kernel reads them, so a
+    CUDA graph replays a fixed tensor)::
+
+        sizes (2048, 1024, 1024)  ->  starts [0, 2048, 3072, 4096] (int32)
+    """
+
+    def __init__(self, sizes: Sequence[int], device: torch.device | str) -> None:
+        assert sizes and all(size > 0 for size in sizes)
+        self.sizes = tuple(int(size) for size in sizes)
+        starts = [0, *itertools.accumulate(self.sizes)]
+        self.starts = torch.tensor(starts, dtype=torch.int32, device=device)
+
+    @property
+    def num_slices(self) -> int:
+        return len(self.sizes)
+
+
 class LoRALayer:
     """The adapter slots of one ``Linear`` (see the module docstring for the layout)."""
 
@@ -83,6 +104,7 @@ class LoRALayer:
             num_slots, num_slices * max_rank, input_size, dtype=dtype, device=device
         )
         self.lora_b = torch.zeros(num_slots, output_size, max_rank, dtype=dtype, device=device)
+        self.slices = LoRASlices(self.slice_sizes, device)
 
     @property
     def num_slots(self) -> int:
@@ -122,15 +144,7 @@ class LoRALayer:
         y2 = y.view(-1, y.shape[-1])
         slots = self.context.token_slots[: x2.shape[0]]
         h = lora_shrink(x2, self.lora_a, slots)
-        offset, rank = 0, self.max_rank
-        for i, size in enumerate(self.slice_sizes):
-            lora_expand(
-                y2[:, offset : offset + size],
-                h[:, i * rank : (i + 1) * rank],
-                self.lora_b[:, offset : offset + size],
-                slots,
-            )
-            offset += size
+        lora_expand(y2, h, self.lora_b, slots, self.slices)
         return y
 
 
@@ -167,13 +181,21 @@ def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, slots: torch.Tensor) -> t
 
 
 def lora_expand(
-    y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, slots: torch.Tensor
+    y: torch.Tensor,
+    h: torch.Tensor,
+    lora_b: torch.Tensor,
+    slots: torch.Tensor,
+    slices: LoRASlices | None = None,
 ) -> None:
-    """``y[t] += h[t] @ lora_b[slots[t]].T`` in place (nothing where ``slots[t] < 0``)."""
+    """``y[t] += h[t] @ lora_b[slots[t]].T`` in place (nothing where ``slots[t] < 0``).
+
+    With ``slices`` (``S`` of them), ``h`` holds ``S`` rank blocks of ``R = h.shape[1] / S``
+    columns and slice ``i``'s columns of ``y`` take ``h[:, i*R:(i+1)*R] @ B[slice i rows].T``;
+    ``None`` is one slice over all of ``y``'s columns."""
     if _use_kernels(y):
-        lora_expand_triton(y, h, lora_b, slots)
+        lora_expand_triton(y, h, lora_b, slots, slices)
     else:
-        lora_expand_reference(y, h, lora_b, slots)
+        lora_expand_reference(y, h, lora_b, slots, slices)
 
 
 def lora_shrink_reference(
@@ -189,14 +211,36 @@ def lora_shrink_reference(
 
 
 def lora_expand_reference(
-    y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, slots: torch.Tensor
+    y: torch.Tensor,
+    h: torch.Tensor,
+    lora_b: torch.Tensor,
+    slots: torch.Tensor,
+    slices: LoRASlices | None = None,
 ) -> None:
     """The torch expand (float32 sum, one rounding into ``y``'s dtype)."""
+    sizes = slices.sizes if slices is not None else (y.shape[1],)
+    rank = _slice_rank(y, h, lora_b, sizes)
     delta = torch.zeros(y.shape, dtype=torch.float32, device=y.device)
     for slot in range(lora_b.shape[0]):
         mask = (slots == slot).unsqueeze(1)
-        delta += torch.where(mask, h @ lora_b[slot].float().T, 0.0)
+        b = lora_b[slot].float()
+        offset = 0
+        for i, size in enumerate(sizes):
+            cols = slice(offset, offset + size)
+            part = h[:, i * rank : (i + 1) * rank] @ b[cols].T
+            delta[:, cols] += torch.where(mask, part, 0.0)
+            offset += size
     y.copy_((y.float() + delta).to(y.dtype))
+
+
+def _slice_rank(
+    y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, sizes: Sequence[int]
+) -> int:
+    """The rank block of one slice in ``h``; checks that the shapes agree."""
+    rank = h.shape[1] // len(sizes)
+    assert rank * len(sizes) == h.shape[1] and rank == lora_b.shape[2], (h.shape, lora_b.shape)
+    assert sum(sizes) == y.shape[1] == lora_b.shape[1], (sizes, y.shape, lora_b.shape)
+    return rank
 
 
 def _block(n: int, least: int = 16) -> int:
@@ -222,7 +266,8 @@ def lora_shrink_triton(
     assert x.stride(-1) == 1 and lora_a.stride(-1) == 1
     num_tokens, k = x.shape
     r = lora_a.shape[1]
-    h = torch.zeros(num_tokens, r, dtype=torch.float32, device=x.device)
+    # empty, not zeros: both kernels write every row (zeros for slot -1), one launch less
+    h = torch.empty(num_tokens, r, dtype=torch.float32, device=x.device)
     if num_tokens == 0:
         return h
     if blocked if blocked is not None else num_tokens >= BLOCKED_MIN_TOKENS:
@@ -248,31 +293,37 @@ def lora_expand_triton(
     h: torch.Tensor,
     lora_b: torch.Tensor,
     slots: torch.Tensor,
+    slices: LoRASlices | None = None,
     blocked: bool | None = None,
 ) -> None:
+    """One launch over every slice (see ``_lora_kernels``): the column tiles of all slices
+    in the grid's second axis, each program finding its slice from ``slices.starts``."""
     from engine_sdk.layers._lora_kernels import lora_expand_blocked_kernel, lora_expand_kernel
 
     assert y.stride(-1) == 1 and h.stride(-1) == 1 and lora_b.stride(-1) == 1
     num_tokens, n = y.shape
-    r = h.shape[1]
+    sizes = slices.sizes if slices is not None else (n,)
+    r = _slice_rank(y, h, lora_b, sizes)
     if num_tokens == 0:
         return
-    block_n = min(_block(n, 32), 128)
+    block_n = min(_block(max(sizes), 32), 128)
+    num_tiles = sum(-(-size // block_n) for size in sizes)
+    # one slice: the kernel never reads the starts (any pointer does)
+    starts = slices.starts if slices is not None and len(sizes) > 1 else slots
     if blocked if blocked is not None else num_tokens >= BLOCKED_MIN_TOKENS:
-        grid = (-(-num_tokens // _BLOCK_M), -(-n // block_n))
-        lora_expand_blocked_kernel[grid](
-            h, lora_b, y, slots,
+        lora_expand_blocked_kernel[(-(-num_tokens // _BLOCK_M), num_tiles)](
+            h, lora_b, y, slots, starts,
             num_tokens, n, r, lora_b.shape[0],
             h.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
-            BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_R=_block(r),
+            NUM_SLICES=len(sizes), BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_R=_block(r),
             DOT_PRECISION=_dot_precision(lora_b.dtype),
         )  # fmt: skip
         return
-    lora_expand_kernel[(num_tokens, -(-n // block_n))](
-        h, lora_b, y, slots,
+    lora_expand_kernel[(num_tokens, num_tiles)](
+        h, lora_b, y, slots, starts,
         n, r,
         h.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
-        BLOCK_N=block_n, BLOCK_R=_block(r),
+        NUM_SLICES=len(sizes), BLOCK_N=block_n, BLOCK_R=_block(r),
     )  # fmt: skip
 
 
