@@ -78,45 +78,14 @@ def make_model(root: Path) -> Path:
 
 
 def make_adapter(root: Path, name: str, seed: int) -> Path:
-    """A PEFT folder written directly (no peft import): rank 16 on all projections."""
+    """A PEFT folder written directly (no peft import): rank 16 on all projections, bf16."""
     import torch
-    from safetensors.torch import save_file
+    from engine_sdk.testing.lora import write_lora_adapter
 
-    cfg = QWEN3_0_6B
-    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
-    q, kv = (
-        cfg["num_attention_heads"] * cfg["head_dim"],
-        cfg["num_key_value_heads"] * cfg["head_dim"],
-    )
-    shapes = {
-        "q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
-        "o_proj": (q, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
-        "down_proj": (inter, hidden),
-    }  # fmt: skip
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(cfg["num_hidden_layers"]):
-        for target in TARGETS:
-            n_in, n_out = shapes[target]
-            module = (
-                "self_attn" if target.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
-            )
-            key = f"base_model.model.model.layers.{layer}.{module}.{target}"
-            tensors[f"{key}.lora_A.weight"] = (
-                torch.randn(RANK, n_in, generator=gen) * 0.01
-            ).bfloat16()
-            tensors[f"{key}.lora_B.weight"] = (
-                torch.randn(n_out, RANK, generator=gen) * 0.01
-            ).bfloat16()
-    path = root / name
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    config = {
-        "peft_type": "LORA", "r": RANK, "lora_alpha": 2 * RANK, "target_modules": TARGETS,
-        "bias": "none", "base_model_name_or_path": "Qwen/Qwen3-0.6B",
-    }  # fmt: skip
-    (path / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    return path
+    return write_lora_adapter(
+        root / name, QWEN3_0_6B, RANK, targets=TARGETS, seed=seed, scale=0.01,
+        dtype=torch.bfloat16, base_model_name="Qwen/Qwen3-0.6B",
+    )  # fmt: skip
 
 
 # -- one configuration (a subprocess) -------------------------------------------------------
