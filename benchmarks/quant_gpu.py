@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,6 +54,8 @@ from engine_awq.triton_gemm import awq_gemm_triton  # noqa: E402
 from engine_fp8 import quant_ops  # noqa: E402
 from engine_fp8.config import Fp8Config  # noqa: E402
 from engine_sdk.layers.linear import Linear  # noqa: E402
+from report import git_commit as _git_commit  # noqa: E402
+from report import table as _table  # noqa: E402
 
 MODELS: dict[str, dict[str, Any]] = {
     "Qwen3-0.6B": {
@@ -264,25 +265,6 @@ def weights_memory(name: str, cfg: dict[str, Any], method: str) -> dict[str, Any
 
 
 # -- driver ---------------------------------------------------------------------------
-
-
-def _table(rows: list[dict[str, Any]], keys: list[str]) -> str:
-    def cell(v: Any) -> str:
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-    cells = [[cell(r.get(k, "-")) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO)
-        return out.stdout.strip() or None
-    except OSError:
-        return None
 
 
 def main() -> int:

@@ -55,6 +55,8 @@ from engine_fp8 import method as fp8_method  # noqa: E402
 from engine_fp8 import quant_ops, w8a16  # noqa: E402
 from engine_fp8.config import Fp8Config  # noqa: E402
 from engine_sdk.layers.linear import Linear  # noqa: E402
+from report import git_commit as _git_commit  # noqa: E402
+from report import table as _table  # noqa: E402
 
 SHAPES: dict[str, dict[str, tuple[int, int]]] = {  # name -> (in, out)
     "Llama-3.1-8B": {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672),
@@ -362,28 +364,6 @@ def sweep(shapes: dict[tuple[str, str], Shape]) -> list[dict[str, Any]]:
 
 
 # -- driver ---------------------------------------------------------------------------
-
-
-def _table(rows: list[dict[str, Any]], keys: list[str]) -> str:
-    def cell(v: Any) -> str:
-        return f"{v:.4g}" if isinstance(v, float) else "-" if v is None else str(v)
-
-    cells = [[cell(r.get(k)) for k in keys] for r in rows]
-    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
-
-
-def _git_commit() -> str | None:
-    head = REPO / ".git"
-    try:
-        import subprocess
-
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO)
-        return out.stdout.strip() or None
-    except OSError:
-        return None if not head.exists() else "unknown"
 
 
 def main() -> int:

@@ -9,8 +9,12 @@ buffers; rows ``n .. b`` are padding that writes nothing (slot -1) and attends t
     slot_mapping:  [ s0  s1  ...         | -1  ...  -1 ]
     seq_lens:      [ l0  l1  ...         |  0  ...   0 ]
 
-The graph covers embedding to final norm; logits are computed eagerly on the ``n`` real
-rows, so captured graphs hold only small activations. Only backends that declare
+The graph covers embedding to final norm. For batches of at most
+``LOGITS_IN_GRAPH_MAX_BATCH`` (one GPU, no tensor parallelism) it also computes the logits
+and their argmax, so a greedy decode step is one graph launch and the sampler's greedy rows
+need no kernel of their own (``Sampler.plain_greedy``); larger batches compute logits
+eagerly on the ``n`` real rows, so their graphs hold only small activations (a [512,
+vocab] float32 logits buffer per size would cost gigabytes). Only backends that declare
 ``supports_cuda_graphs`` (no host work inside ``forward``) are captured.
 
 With LoRA on, each size is captured twice: without the adapter kernels (a step of base
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from engine_sdk.interfaces.attention import AttentionBatch
@@ -33,7 +37,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CudaGraphRunner", "capture_sizes"]
+__all__ = ["LOGITS_IN_GRAPH_MAX_BATCH", "CudaGraphRunner", "GraphStep", "capture_sizes"]
+
+LOGITS_IN_GRAPH_MAX_BATCH = 16  # largest captured size whose graph includes the logits
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -60,7 +66,11 @@ class CudaGraphRunner:
         self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
         self.block_tables = torch.zeros(max_bs, max_blocks, dtype=torch.int32, device=dev)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[int, bool], torch.Tensor] = {}
+        # Per graph: the final hidden states, or (logits, greedy ids) for small batches.
+        self.outputs: dict[tuple[int, bool], torch.Tensor | tuple[torch.Tensor, torch.Tensor]] = {}
+        self.logits_max_batch = (
+            LOGITS_IN_GRAPH_MAX_BATCH if runner.args.tensor_parallel_size == 1 else 0
+        )
         self.lora_context = runner.lora.context if runner.lora is not None else None
         self.pool: object | None = None
 
@@ -78,13 +88,16 @@ class CudaGraphRunner:
             seq_lens_cpu=[0] * bs,
         )
 
-    def _forward(self, bs: int) -> torch.Tensor:
+    def _forward(self, bs: int) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         runner = self.runner
         metadata = runner.attention_backends[0].build_metadata(self._batch(bs))
         hidden: torch.Tensor = runner.model(
             self.input_ids[:bs], self.positions[:bs], runner.kv_caches, metadata
         )
-        return hidden
+        if bs > self.logits_max_batch:
+            return hidden
+        logits: torch.Tensor = runner.model.compute_logits(hidden)
+        return logits, logits.argmax(dim=-1)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -133,8 +146,9 @@ class CudaGraphRunner:
             and batch.block_tables.shape[1] <= self.block_tables.shape[1]
         )
 
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        """Replay the graph for this decode step; float32 logits [num_seqs, vocab]."""
+    def run(self, inputs: StepInputs) -> GraphStep:
+        """Replay the graph for this decode step: float32 logits [num_seqs, vocab], and
+        their argmax where the graph computed it."""
         batch = inputs.attn_batch
         n = batch.num_seqs
         bs = next(s for s in self.sizes if s >= n)
@@ -153,4 +167,12 @@ class CudaGraphRunner:
             self.lora_context.token_slots[n:bs].fill_(-1)  # (rows < n: set by the runner)
         self.graphs[bs, lora].replay()
         # Decode rows are in request order and every request samples: row i is request i.
-        return self.runner.model.compute_logits(self.outputs[bs, lora][:n])
+        out = self.outputs[bs, lora]
+        if isinstance(out, tuple):
+            return GraphStep(out[0][:n], out[1][:n])
+        return GraphStep(self.runner.model.compute_logits(out[:n]), None)
+
+
+class GraphStep(NamedTuple):
+    logits: torch.Tensor  # float32 [num_seqs, vocab]
+    argmax: torch.Tensor | None  # long [num_seqs] (ties: lowest id), when the graph has it

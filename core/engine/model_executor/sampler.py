@@ -97,6 +97,17 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         return self.sample_on_device(logits, batch).to_host()
 
+    def plain_greedy(self, batch: SamplingBatch) -> bool:
+        """Whether every row's token is the argmax of its raw logits: greedy, no logprobs,
+        and nothing that changes the logits (penalties, bias, min_tokens, masks)."""
+        return all(p.greedy and p.logprobs is None for p in batch.params) and not any(
+            self._needs_processing(batch)
+        )
+
+    def greedy_sample(self, token_ids: torch.Tensor, batch: SamplingBatch) -> DeviceSample:
+        """The sample of a ``plain_greedy`` batch whose argmax is already computed."""
+        return DeviceSample(token_ids, batch.params, [], HostCopy([token_ids]))
+
     def sample_on_device(self, logits: torch.Tensor, batch: SamplingBatch) -> DeviceSample:
         """Sample every row without waiting for the device; the ids stay there (the next
         step's inputs) and a copy to the host is queued (``DeviceSample.to_host``)."""
@@ -120,9 +131,8 @@ class Sampler:
 
     # -- phases ---------------------------------------------------------------------------
 
-    def _process_logits(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """Penalties and hard masks, on a float32 copy (the caller's logits stay intact,
-        they are needed raw for logprobs)."""
+    def _needs_processing(self, batch: SamplingBatch) -> tuple[bool, bool, bool, bool]:
+        """Which logits stages run: (min_tokens, masks, penalties, bias); all False: none."""
         params = batch.params
         uses_min_tokens = any(
             p.min_tokens > len(out) for p, out in zip(params, batch.output_token_ids, strict=True)
@@ -130,8 +140,19 @@ class Sampler:
         masks = batch.allowed_token_masks
         packed = isinstance(masks, PackedMasks)
         uses_masks = masks is not None and (packed or any(m is not None for m in masks))
-        uses_penalties = needs_penalties(params)
-        uses_bias = any(p.logit_bias for p in params)
+        return (
+            uses_min_tokens,
+            uses_masks,
+            needs_penalties(params),
+            any(p.logit_bias for p in params),
+        )
+
+    def _process_logits(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """Penalties and hard masks, on a float32 copy (the caller's logits stay intact,
+        they are needed raw for logprobs)."""
+        params = batch.params
+        masks = batch.allowed_token_masks
+        uses_min_tokens, uses_masks, uses_penalties, uses_bias = self._needs_processing(batch)
         if not (uses_min_tokens or uses_masks or uses_penalties or uses_bias):
             return logits.float()
         if isinstance(masks, PackedMasks) and not (uses_min_tokens or uses_penalties or uses_bias):

@@ -8,14 +8,22 @@ repacked into the tiled layout the W4A16 kernels read (:mod:`engine_awq.tiled`:
 ``tiled_qweight`` int32 [N, K/8], ``tiled_zeros`` uint8 [K/G, N], ``scales`` unchanged)
 and ``qweight`` / ``qzeros`` are dropped; elsewhere the checkpoint layout stays.
 
-Matmul paths (:func:`select_path`):
+Matmul paths (:func:`select_path`), checked in this order; each threshold is one constant,
+to retune from ``benchmarks/quant_gemv_gpu.py`` / ``quant_kernels_gpu.py``:
 
-- tiled, fp16/bf16 activations, up to ``FMA_MAX_TOKENS`` tokens: ``fma``, the W4A16 GEMM
-  on CUDA cores; up to ``DOT_MAX_TOKENS``: ``dot``, the same GEMM on tensor cores
-  (:mod:`engine_awq.w4a16`);
+- tiled, fp16/bf16 activations, up to ``GEMV_MAX_TOKENS`` tokens (decode): ``gemv``, the
+  split-K W4A16 GEMV in one launch (:mod:`engine_awq.gemv`; CUDA cores up to
+  ``GEMV_FMA_MAX_TOKENS`` tokens, tensor cores above);
+- up to ``FMA_MAX_TOKENS``: ``fma``, the W4A16 GEMM on CUDA cores; up to
+  ``DOT_MAX_TOKENS``: ``dot``, the same GEMM on tensor cores (:mod:`engine_awq.w4a16`,
+  split-K parts added by a second launch). With ``GEMV_MAX_TOKENS`` at 16, ``fma`` is not
+  reached;
 - tiled, more tokens (prefill) or other dtypes: ``dequant``, the dense weight written by one
   Triton pass, then the dense matmul (compute-bound there);
 - checkpoint layout (CPU, CUDA without Triton): ``reference``, torch dequantize then matmul.
+
+The GEMV's split-K counters live on the layer (``gemv_locks``, a non-persistent buffer made
+with the tiled layout; they return to zero after every call, so CUDA graphs replay them).
 
 Merging (:meth:`AwqLinearMethod.merge`, for q/k/v and gate/up): the tensors are
 concatenated along their output (N) dimension, which no packing crosses, so one kernel
@@ -33,6 +41,7 @@ not a multiple of 4) keeps the checkpoint layout and the reference path, also on
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -43,10 +52,23 @@ from engine_sdk.runtime import triton_available
 from engine_awq.packing import PACK_FACTOR, awq_dequantize
 from engine_awq.tiled import dequantize_tiled, pick_chunk, repack_tiled
 
-__all__ = ["FMA_MAX_TOKENS", "DOT_MAX_TOKENS", "AwqLinearMethod", "select_path"]
+__all__ = [
+    "DOT_MAX_TOKENS",
+    "FMA_MAX_TOKENS",
+    "GEMV_FMA_MAX_TOKENS",
+    "GEMV_MAX_TOKENS",
+    "AwqLinearMethod",
+    "select_path",
+]
 
-FMA_MAX_TOKENS = 4  # CUDA-core W4A16 up to here (first guess: quant_kernels_gpu.py measures)
+# split-K GEMV up to here (at most engine_awq.gemv.MAX_TOKENS). Off (0) unless ENGINE_QUANT_GEMV=1:
+# the kernel passes its tests on CPU (Triton's interpreter) but has not yet run on a GPU,
+# so the GPU-tested paths below stay the default until it is measured there.
+GEMV_MAX_TOKENS = 16 if os.environ.get("ENGINE_QUANT_GEMV") == "1" else 0
+GEMV_FMA_MAX_TOKENS = 1  # ... on CUDA cores up to here, tensor cores above (first guess)
+FMA_MAX_TOKENS = 4  # CUDA-core W4A16 GEMM up to here (below GEMV_MAX_TOKENS: not reached)
 DOT_MAX_TOKENS = 256  # tensor-core W4A16 up to here, then dequantize + dense matmul
+_MIN_GEMV_BLOCK_N = 16  # the narrowest GEMV tile: one split-K counter per 16 columns
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -56,13 +78,15 @@ def kernels_usable(device: torch.device) -> bool:
 
 
 def select_path(layer: torch.nn.Module, num_tokens: int, dtype: torch.dtype) -> str:
-    """``fma`` | ``dot`` | ``dequant`` | ``reference`` for ``num_tokens`` rows of ``dtype``
-    (see the module docstring)."""
+    """``gemv`` | ``fma`` | ``dot`` | ``dequant`` | ``reference`` for ``num_tokens`` rows of
+    ``dtype`` (see the module docstring)."""
     chunk = getattr(layer, "awq_chunk", None)
     if chunk is None:
         return "reference"
     if dtype not in _KERNEL_DTYPES or num_tokens == 0:
         return "dequant"
+    if num_tokens <= GEMV_MAX_TOKENS:
+        return "gemv"
     if num_tokens <= FMA_MAX_TOKENS:
         return "fma"
     if num_tokens <= DOT_MAX_TOKENS and chunk == 128:
@@ -142,6 +166,7 @@ class AwqLinearMethod(QuantizationMethod):
         layer.register_parameter("tiled_qweight", _frozen(tiled))
         layer.register_parameter("tiled_zeros", _frozen(zeros))
         layer.awq_chunk = chunk
+        _add_gemv_locks(layer, tiled.shape[0], tiled.device)
         return True
 
     def dequantize_weight(self, layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor:
@@ -176,6 +201,14 @@ class AwqLinearMethod(QuantizationMethod):
                 layer.awq_chunk, x.dtype,
             )  # fmt: skip
             out = torch.nn.functional.linear(x2, w, None if bias is None else bias.to(x.dtype))
+        elif path == "gemv":
+            from engine_awq.gemv import awq_gemv
+
+            x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+            out = awq_gemv(
+                x2, layer.tiled_qweight, layer.tiled_zeros, layer.scales,
+                layer.awq_group_size, layer.awq_chunk, bias, None, layer.gemv_locks,
+            )  # fmt: skip
         else:
             from engine_awq.w4a16 import awq_w4a16_gemm, default_config
 
@@ -216,11 +249,22 @@ class AwqLinearMethod(QuantizationMethod):
             share_merged(layers, name, tensor, dim=dim, sizes=sizes)
         merged.awq_group_size = first.awq_group_size
         merged.awq_chunk = getattr(first, "awq_chunk", None)
+        if tiled:
+            _add_gemv_locks(merged, merged.tiled_qweight.shape[0], merged.tiled_qweight.device)
         return AwqLinearMethod(self.group_size)
 
 
 _PACKED_NAMES = ("qweight", "qzeros", "scales")
 _TILED_NAMES = ("tiled_qweight", "tiled_zeros", "scales")
+
+
+def _add_gemv_locks(layer: torch.nn.Module, num_out: int, device: torch.device) -> None:
+    """The layer's split-K counters for the GEMV (:mod:`engine_awq.gemv`): one per output
+    tile of the narrowest tile, zero between calls."""
+    from engine_sdk.layers.split_k import split_k_locks
+
+    locks = split_k_locks(-(-num_out // _MIN_GEMV_BLOCK_N), device)
+    layer.register_buffer("gemv_locks", locks, persistent=False)
 
 
 def _frozen(tensor: torch.Tensor) -> torch.nn.Parameter:

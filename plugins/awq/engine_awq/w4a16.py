@@ -52,14 +52,22 @@ class GemmConfig(NamedTuple):
 
 
 @triton.jit
-def _codes_scaled(words, hi, i: tl.constexpr):
-    """Nibble ``i`` of ``words`` as float32 ``q * 2^e``, ``e = 4i`` for ``i < 5`` and
-    ``4 (i - 3)`` above (read from ``hi = words >> 12``; every field stays below bit 23)."""
+def nibble_bits(words, hi, i: tl.constexpr, magic=0x4B000000):
+    """Nibble ``i`` of ``words`` as float32 ``2^23 + q * 2^e``, ``e = 4i`` for ``i < 5`` and
+    ``4 (i - 3)`` above (read from ``hi = words >> 12``; every field stays below bit 23).
+    ``magic`` is 0x4B000000 (the bits of 2^23); passed as a kernel argument rather than a
+    constant, the mask and the or become one ``LOP3`` (it takes one immediate)."""
     if i < 5:
-        bits = (words & (0xF << (4 * i))) | 0x4B000000
+        bits = (words & (0xF << (4 * i))) | magic
     else:
-        bits = (hi & (0xF << (4 * (i - 3)))) | 0x4B000000
-    return bits.to(tl.float32, bitcast=True) - 8388608.0
+        bits = (hi & (0xF << (4 * (i - 3)))) | magic
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _codes_scaled(words, hi, i: tl.constexpr):
+    """Nibble ``i`` of ``words`` as float32 ``q * 2^e`` (see :func:`nibble_bits`)."""
+    return nibble_bits(words, hi, i) - 8388608.0
 
 
 @triton.jit

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from awq_formats import awq_gemm
-from engine_awq import w4a16
+from engine_awq import gemv, method, w4a16
 from engine_awq.config import AwqConfig
 from engine_awq.method import DOT_MAX_TOKENS, FMA_MAX_TOKENS, select_path
 from engine_awq.packing import awq_dequantize, pack_awq
@@ -16,6 +16,7 @@ from engine_awq.w4a16 import GemmConfig, awq_w4a16_dequantize, awq_w4a16_gemm
 from engine_sdk.layers.linear import Linear
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+GEMV_MAX_TOKENS = 16  # the split-K GEMV's limit with ENGINE_QUANT_GEMV=1
 CONFIG = {"quant_method": "awq", "bits": 4, "zero_point": True, "version": "gemm"}
 
 
@@ -189,7 +190,9 @@ def test_layer_picks_the_path_by_tokens(monkeypatch: pytest.MonkeyPatch) -> None
         layer.quant_method.dequantize_weight(layer, torch.float32), reference
     )
     ran: list[str] = []
-    real_gemm, real_dequant = w4a16.awq_w4a16_gemm, w4a16.awq_w4a16_dequantize
+    real_gemm, real_dequant, real_gemv = (
+        w4a16.awq_w4a16_gemm, w4a16.awq_w4a16_dequantize, gemv.awq_gemv
+    )  # fmt: skip
 
     def gemm(*args, **kwargs):  # type: ignore[no-untyped-def]
         ran.append(args[7].variant)
@@ -199,9 +202,16 @@ def test_layer_picks_the_path_by_tokens(monkeypatch: pytest.MonkeyPatch) -> None
         ran.append("dequant")
         return real_dequant(*args, **kwargs)
 
+    def gemv_spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        ran.append("gemv")
+        assert args[8] is layer.gemv_locks  # the layer's counters, no memset per call
+        return real_gemv(*args, **kwargs)
+
     monkeypatch.setattr(w4a16, "awq_w4a16_gemm", gemm)
     monkeypatch.setattr(w4a16, "awq_w4a16_dequantize", dequant)
-    cases = [(1, "fma"), (FMA_MAX_TOKENS, "fma"), (FMA_MAX_TOKENS + 1, "dot"), (16, "dot")]
+    monkeypatch.setattr(gemv, "awq_gemv", gemv_spy)
+    monkeypatch.setattr(method, "GEMV_MAX_TOKENS", GEMV_MAX_TOKENS)  # ENGINE_QUANT_GEMV=1
+    cases = [(1, "gemv"), (GEMV_MAX_TOKENS, "gemv"), (GEMV_MAX_TOKENS + 1, "dot")]
     cases += [(DOT_MAX_TOKENS + 1, "dequant")]
     for num_tokens, path in cases:
         ran.clear()
@@ -211,6 +221,27 @@ def test_layer_picks_the_path_by_tokens(monkeypatch: pytest.MonkeyPatch) -> None
         assert ran == [path], (num_tokens, ran)
         want = x.double().cpu() @ reference.double().cpu().t() + layer.bias.double().cpu()
         assert _rel_err(out, want) <= 2e-3
+    assert not layer.gemv_locks.any()  # back to zero after every call
+    # The old CUDA-core GEMM is reached only when the GEMV's range is lowered below it.
+    monkeypatch.setattr(method, "GEMV_MAX_TOKENS", 1)
+    assert select_path(layer, 2, torch.float16) == "fma"
+    assert select_path(layer, FMA_MAX_TOKENS + 1, torch.float16) == "dot"
     ran.clear()
     layer(_x(2, 128, torch.float32))  # float32 activations: the dense path
     assert ran == ["dequant"]
+
+
+@pytest.mark.parametrize("env,limit", [(None, 0), ("1", GEMV_MAX_TOKENS), ("0", 0)])
+def test_split_k_gemv_is_opt_in_until_measured_on_a_gpu(env, limit) -> None:
+    """Only ENGINE_QUANT_GEMV=1 turns the split-K GEMV on (fresh interpreter per value)."""
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if k != "ENGINE_QUANT_GEMV"}
+    if env is not None:
+        environ["ENGINE_QUANT_GEMV"] = env
+    code = "import engine_awq.method as m; print(m.GEMV_MAX_TOKENS)"
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == limit

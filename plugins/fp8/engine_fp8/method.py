@@ -13,13 +13,19 @@ static acts    ``input_scale`` []          activations quantized with the calibr
 =============  ==========================  =========================================
 
 Matmul paths (:func:`select_path`), on a CUDA GPU with FP8 matrix units (compute
-capability >= 8.9) and Triton, for fp16/bf16 activations:
+capability >= 8.9) and Triton, for fp16/bf16 activations, checked in this order (each
+threshold one constant, to retune from ``benchmarks/quant_gemv_gpu.py``):
 
-- ``w8a16``: up to ``W8A16_MAX_TOKENS`` tokens (decode), every layout: the weight-only
-  Triton GEMM (:mod:`engine_fp8.w8a16`) reads the fp8 weight once, upcasts it in registers
-  and applies tensor, channel or block scales; activations are not quantized. Layouts
-  without a ``_scaled_mm`` path (block scales, weight-only schemes) use it up to
-  ``W8A16_DENSE_MAX_TOKENS`` tokens, where the alternative dequantizes the whole weight;
+- ``gemv``: up to ``GEMV_MAX_TOKENS`` tokens (decode), every layout: the weight-only
+  split-K GEMV in one launch (:mod:`engine_fp8.gemv`; CUDA cores up to
+  ``GEMV_FMA_MAX_TOKENS`` tokens, tensor cores above) reads the fp8 weight once, upcasts it
+  in registers and applies tensor, channel or block scales; activations are not quantized.
+  Its split-K counters live on the layer (``gemv_locks``, zero between calls);
+- ``w8a16``: up to ``W8A16_MAX_TOKENS`` tokens, every layout: the weight-only Triton GEMM
+  (:mod:`engine_fp8.w8a16`, split-K parts added by a second launch; with
+  ``GEMV_MAX_TOKENS`` at 16 it takes no scaled_mm layout). Layouts without a ``_scaled_mm``
+  path (block scales, weight-only schemes) use it up to ``W8A16_DENSE_MAX_TOKENS``
+  tokens, where the alternative dequantizes the whole weight;
 - ``scaled_mm``: more tokens, tensor/channel layouts: ``torch._scaled_mm`` with activations
   quantized per call (dynamic: per tensor or per token; static: ``input_scale``) by one
   Triton kernel (:mod:`engine_fp8.triton_quant`; torch ops when Triton is missing);
@@ -42,6 +48,7 @@ larger scale would change every other layer's rounding).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -53,6 +60,8 @@ from engine_sdk.runtime import triton_available
 from engine_fp8 import quant_ops
 
 __all__ = [
+    "GEMV_FMA_MAX_TOKENS",
+    "GEMV_MAX_TOKENS",
     "W8A16_DENSE_MAX_TOKENS",
     "W8A16_FMA_MAX_TOKENS",
     "W8A16_MAX_TOKENS",
@@ -65,16 +74,24 @@ __all__ = [
 WEIGHT_STRATEGIES = ("tensor", "channel", "block")
 ACTIVATION_STRATEGIES = ("tensor", "token")
 FP8_MIN_CAPABILITY = 89
+# split-K GEMV up to here (at most engine_fp8.gemv.MAX_TOKENS). Off (0) unless ENGINE_QUANT_GEMV=1:
+# the kernel passes its tests on CPU (Triton's interpreter) but has not yet run on a GPU,
+# so the GPU-tested paths below stay the default until it is measured there.
+GEMV_MAX_TOKENS = 16 if os.environ.get("ENGINE_QUANT_GEMV") == "1" else 0
+GEMV_FMA_MAX_TOKENS = 1  # ... on CUDA cores up to here, tensor cores above (first guess)
 W8A16_MAX_TOKENS = 16  # weight-only GEMM up to here when _scaled_mm could run
 W8A16_DENSE_MAX_TOKENS = 256  # ... and up to here when the alternative dequantizes
 W8A16_FMA_MAX_TOKENS = 4  # CUDA cores up to here, tensor cores above (first guess)
+_MIN_GEMV_BLOCK_N = 16  # the narrowest GEMV tile: one split-K counter per 16 columns
 _W8A16_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def select_path(layer: torch.nn.Module, num_tokens: int, dtype: torch.dtype) -> str:
-    """``w8a16`` | ``scaled_mm`` | ``reference`` for ``num_tokens`` rows of ``dtype`` (see
-    the module docstring)."""
+    """``gemv`` | ``w8a16`` | ``scaled_mm`` | ``reference`` for ``num_tokens`` rows of
+    ``dtype`` (see the module docstring)."""
     if getattr(layer, "fp8_w8a16", False) and dtype in _W8A16_DTYPES and num_tokens > 0:
+        if num_tokens <= GEMV_MAX_TOKENS:
+            return "gemv"
         limit = W8A16_MAX_TOKENS if layer.fp8_use_scaled_mm else W8A16_DENSE_MAX_TOKENS
         if num_tokens <= limit:
             return "w8a16"
@@ -237,6 +254,8 @@ class Fp8LinearMethod(QuantizationMethod):
             and triton_available()
             and (block is None or block[1] % 16 == 0)  # the kernel's K steps fit a block
         )
+        if layer.fp8_w8a16:
+            _add_gemv_locks(layer, num_out, layer.weight.device)
 
     def _block(self) -> tuple[int, int] | None:
         return self.scheme.block if self.scheme.weight_strategy == "block" else None
@@ -252,6 +271,15 @@ class Fp8LinearMethod(QuantizationMethod):
     ) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         path = select_path(layer, x2.shape[0], x.dtype)
+        if path == "gemv":
+            from engine_fp8.gemv import fp8_gemv
+
+            x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+            out = fp8_gemv(
+                x2, layer.weight, self._weight_scale(layer), self._block(), bias, None,
+                getattr(layer, "gemv_locks", None),  # None: zeroed per call (a memset)
+            )  # fmt: skip
+            return out.reshape(*x.shape[:-1], out.shape[-1])
         if path == "w8a16":
             from engine_fp8 import w8a16
 
@@ -331,8 +359,19 @@ class Fp8LinearMethod(QuantizationMethod):
         merged.fp8_use_scaled_mm = layers[0].fp8_use_scaled_mm
         merged.fp8_triton_quant = layers[0].fp8_triton_quant
         merged.fp8_w8a16 = layers[0].fp8_w8a16
+        if merged.fp8_w8a16:
+            _add_gemv_locks(merged, weight.shape[0], weight.device)
         share_merged(layers, "weight", weight)
         return Fp8LinearMethod(merged_scheme)
+
+
+def _add_gemv_locks(layer: torch.nn.Module, num_out: int, device: torch.device) -> None:
+    """The layer's split-K counters for the GEMV (:mod:`engine_fp8.gemv`): one per output
+    tile of the narrowest tile, zero between calls."""
+    from engine_sdk.layers.split_k import split_k_locks
+
+    locks = split_k_locks(-(-num_out // _MIN_GEMV_BLOCK_N), device)
+    layer.register_buffer("gemv_locks", locks, persistent=False)
 
 
 def _channel_scale(layer: torch.nn.Module) -> torch.Tensor:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_fp8 import w8a16
+from engine_fp8 import gemv, method, w8a16
 from engine_fp8.compressed_tensors import CompressedTensorsConfig
 from engine_fp8.config import Fp8Config
 from engine_fp8.method import (
     W8A16_DENSE_MAX_TOKENS,
     W8A16_FMA_MAX_TOKENS,
     W8A16_MAX_TOKENS,
+    _add_gemv_locks,
     select_path,
 )
 from engine_fp8.w8a16 import GemmConfig, default_config, fp8_w8a16_gemm
@@ -126,37 +127,54 @@ def _layers(layout: str, sizes: tuple[tuple[int, float], ...], bias: bool = True
             layer.fp8_use_scaled_mm = layer.quant_method.scheme.weight_strategy != "block"
             layer.fp8_triton_quant = layer.fp8_use_scaled_mm
             layer.fp8_w8a16 = True
+            _add_gemv_locks(layer, layer.weight.shape[0], layer.weight.device)
         assert layer.fp8_w8a16
     return layers
 
 
 @pytest.fixture
 def ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The W8A16 variants that ran ("fma" / "dot"), in order."""
+    """The weight-only kernels that ran, in order: "gemv" (engine_fp8.gemv, with the
+    layer's split-K counters) or the W8A16 GEMM's variant ("fma" / "dot")."""
     calls: list[str] = []
-    real = w8a16.fp8_w8a16_gemm
+    real, real_gemv = w8a16.fp8_w8a16_gemm, gemv.fp8_gemv
 
     def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(args[5].variant)
         return real(*args, **kwargs)
 
+    def gemv_spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        assert args[6] is not None  # the layer's counters: no memset per call
+        calls.append("gemv")
+        return real_gemv(*args, **kwargs)
+
     monkeypatch.setattr(w8a16, "fp8_w8a16_gemm", spy)
+    monkeypatch.setattr(gemv, "fp8_gemv", gemv_spy)
     return calls
 
 
+GEMV_MAX_TOKENS = 16  # the split-K GEMV's limit with ENGINE_QUANT_GEMV=1
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_layer_picks_w8a16_for_decode(layout: str, ran: list[str]) -> None:
+def test_layer_picks_w8a16_for_decode(
+    layout: str, ran: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(method, "GEMV_MAX_TOKENS", GEMV_MAX_TOKENS)  # ENGINE_QUANT_GEMV=1
     (layer,) = _layers(layout, ((64, 1.0),))
     dense = layout == "fp8_block"  # no _scaled_mm path: W8A16 up to the dense limit
     big = (W8A16_DENSE_MAX_TOKENS if dense else W8A16_MAX_TOKENS) + 1
-    cases = [(1, ["fma"]), (W8A16_FMA_MAX_TOKENS, ["fma"]), (W8A16_FMA_MAX_TOKENS + 1, ["dot"])]
-    cases += [(W8A16_MAX_TOKENS, ["dot"]), (big, [])]
+    after_gemv = ["dot"] if dense else []  # 17 tokens: the W8A16 GEMM or _scaled_mm
+    cases = [(1, ["gemv"]), (GEMV_MAX_TOKENS, ["gemv"]), (GEMV_MAX_TOKENS + 1, after_gemv)]
+    cases += [(big, [])]
     reference = layer.quant_method.dequantize_weight(layer, torch.float64)
-    for num_tokens, variants in cases:
+
+    def check(num_tokens: int, variants: list[str]) -> None:
         ran.clear()
         x = _x(num_tokens, 128, torch.float16, seed=num_tokens)
+        path = "gemv" if variants == ["gemv"] else "w8a16" if variants else None
         assert select_path(layer, num_tokens, x.dtype) == (
-            "w8a16" if variants else "reference" if dense else "scaled_mm"
+            path or ("reference" if dense else "scaled_mm")
         )
         with torch.inference_mode():
             out = layer(x)
@@ -164,7 +182,16 @@ def test_layer_picks_w8a16_for_decode(layout: str, ran: list[str]) -> None:
         if variants:  # weight-only: exactly the dequantized weight's product
             want = x.double().cpu() @ reference.cpu().t() + layer.bias.double().cpu()
             assert _rel_err(out, want) <= 2e-3
-    assert select_path(layer, 2, torch.float32) != "w8a16"  # the kernel is for fp16/bf16
+
+    for num_tokens, variants in cases:
+        check(num_tokens, variants)
+    assert not layer.gemv_locks.any()  # back to zero after every call
+    # The W8A16 GEMM's own variants, reached when the GEMV's range is lowered.
+    monkeypatch.setattr(method, "GEMV_MAX_TOKENS", 1)
+    check(W8A16_FMA_MAX_TOKENS, ["fma"])
+    check(W8A16_FMA_MAX_TOKENS + 1, ["dot"])
+    check(W8A16_MAX_TOKENS, ["dot"])
+    assert select_path(layer, 2, torch.float32) not in ("gemv", "w8a16")  # fp16/bf16 only
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -182,3 +209,19 @@ def test_merged_w8a16_equals_concatenation(layout: str, ran: list[str]) -> None:
             got = merged(x).float()
         assert len(ran) == 1
         assert (got - want).abs().max().item() <= 2e-3 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("env,limit", [(None, 0), ("1", GEMV_MAX_TOKENS), ("0", 0)])
+def test_split_k_gemv_is_opt_in_until_measured_on_a_gpu(env, limit) -> None:
+    """Only ENGINE_QUANT_GEMV=1 turns the split-K GEMV on (fresh interpreter per value)."""
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if k != "ENGINE_QUANT_GEMV"}
+    if env is not None:
+        environ["ENGINE_QUANT_GEMV"] = env
+    code = "import engine_fp8.method as m; print(m.GEMV_MAX_TOKENS)"
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == limit

@@ -7,6 +7,7 @@ kernel and dequantized in the attention kernel with the layer's ``kv_scales``; T
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,9 +15,14 @@ import torch
 import triton
 from engine_sdk.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerConfig
 
-from engine_triton.kernels import paged_attention_kernel, store_kv_kernel
+from engine_triton.kernels import combine_splits_kernel, paged_attention_kernel, store_kv_kernel
 
 _FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
+# Split KV (decode): split each (sequence, KV head) program until about this many programs
+# per multiprocessor run, at most MAX_KV_SPLITS ways (a power of two).
+SPLIT_PROGRAMS_PER_SM = 2
+MAX_KV_SPLITS = 16
+SPLIT_BLOCK_N = 32  # KV tile of a split decode program (short chunks: less masked work)
 
 
 @dataclass
@@ -29,6 +35,23 @@ class TritonMetadata:
     block_m: int
     block_n: int
     num_warps: int
+    kv_splits: int = 1  # decode only; see kernels.py
+
+
+@functools.lru_cache(maxsize=8)
+def _multiprocessors(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def kv_splits(num_seqs: int, num_kv_heads: int, multiprocessors: int) -> int:
+    """Ways to split each decode program along the KV positions: the smallest power of two
+    (at most ``MAX_KV_SPLITS``) that gives ``SPLIT_PROGRAMS_PER_SM`` programs per
+    multiprocessor; 1 when the batch alone has that many."""
+    splits = 1
+    target = SPLIT_PROGRAMS_PER_SM * multiprocessors
+    while splits < MAX_KV_SPLITS and num_seqs * num_kv_heads * splits < target:
+        splits *= 2
+    return splits
 
 
 def _tile_sizes(group: int, decode_only: bool, head_dim: int) -> tuple[int, int, int, int]:
@@ -62,10 +85,15 @@ class TritonAttentionBackend(AttentionBackend):
             self.group, batch.is_decode_only, self.config.head_dim
         )
         device = batch.query_start_loc.device
+        splits = 1
         if batch.is_decode_only:
             work_seq = torch.arange(batch.num_seqs, dtype=torch.int32, device=device)
             work_qblock = torch.zeros(batch.num_seqs, dtype=torch.int32, device=device)
             num_work = batch.num_seqs
+            sms = _multiprocessors(device.index or 0) if device.type == "cuda" else 4
+            splits = kv_splits(batch.num_seqs, self.config.num_kv_heads, sms)
+            if splits > 1:
+                block_n = SPLIT_BLOCK_N
         else:
             starts = np.asarray(batch.query_start_loc_cpu, dtype=np.int64)
             q_lens = np.diff(starts)
@@ -77,7 +105,7 @@ class TritonAttentionBackend(AttentionBackend):
             work_seq = torch.from_numpy(seq_of).to(device, non_blocking=True)
             work_qblock = torch.from_numpy(qblock).to(device, non_blocking=True)
         return TritonMetadata(
-            batch, work_seq, work_qblock, num_work, block_q, block_m, block_n, warps
+            batch, work_seq, work_qblock, num_work, block_q, block_m, block_n, warps, splits
         )
 
     def forward(
@@ -118,9 +146,19 @@ class TritonAttentionBackend(AttentionBackend):
         out = torch.empty(
             num_tokens, cfg.num_heads, cfg.head_dim, dtype=query.dtype, device=query.device
         )
+        splits = metadata.kv_splits
+        part_acc = part_ml = None
+        if metadata.num_work and splits > 1:
+            part_acc = torch.empty(
+                num_tokens, cfg.num_heads, splits, self.head_dim_p,
+                dtype=torch.float32, device=query.device,
+            )  # fmt: skip
+            part_ml = torch.empty(
+                num_tokens, cfg.num_heads, splits, 2, dtype=torch.float32, device=query.device
+            )
         if metadata.num_work:
             precision = "ieee" if query.dtype == torch.float32 else "tf32"
-            paged_attention_kernel[(metadata.num_work, cfg.num_kv_heads)](
+            paged_attention_kernel[(metadata.num_work, cfg.num_kv_heads, splits)](
                 query,
                 k_cache,
                 v_cache,
@@ -151,8 +189,16 @@ class TritonAttentionBackend(AttentionBackend):
                 FP8=fp8,
                 WINDOW=cfg.sliding_window or 0,
                 SOFT_CAP=float(cfg.logits_soft_cap or 0.0),
+                SPLITS=splits,
+                part_acc_ptr=part_acc,
+                part_ml_ptr=part_ml,
                 num_warps=metadata.num_warps,
             )
+        if part_acc is not None:
+            combine_splits_kernel[(num_tokens, cfg.num_heads)](
+                part_acc, part_ml, out, out.stride(0), out.stride(1),
+                SPLITS=splits, HEAD_DIM=cfg.head_dim, HEAD_DIM_P=self.head_dim_p, num_warps=1,
+            )  # fmt: skip
         return out.view(num_tokens, cfg.num_heads * cfg.head_dim)
 
 

@@ -17,6 +17,15 @@ loads fp8 tiles, converts them exactly to the query dtype and applies the per-te
 outside the dots: ``k_scale`` folds into the softmax scale (``q . (k8 * ks) = (q . k8) *
 ks``) and ``v_scale`` multiplies the normalized output (``sum p * v8 * vs``). Scales are
 read from a device tensor ``[k_scale, v_scale]``, so captured CUDA graphs see updates.
+
+Split KV (decode, ``SPLITS > 1``): a batch of few sequences has too few (sequence, KV
+head) programs to keep the multiprocessors loading, so each is split along the KV
+positions into ``SPLITS`` programs (the third grid axis). Split ``s`` covers ``chunk``
+positions from ``s * chunk`` (``chunk``: the sequence's length over ``SPLITS``, rounded up
+to whole tiles; splits past the end do nothing) and writes its unnormalized output and
+its running max and sum to float32 workspaces; ``combine_splits_kernel`` merges them::
+
+    out = sum_s exp2(m_s - M) * acc_s / sum_s exp2(m_s - M) * l_s,    M = max_s m_s
 """
 
 from __future__ import annotations
@@ -101,6 +110,9 @@ def paged_attention_kernel(
     FP8: tl.constexpr = False,
     WINDOW: tl.constexpr = 0,  # sliding window in tokens (0: none): key pos > query pos - WINDOW
     SOFT_CAP: tl.constexpr = 0.0,  # Gemma 2 logit soft cap (0: none): cap * tanh(s / cap)
+    SPLITS: tl.constexpr = 1,  # KV splits per program row (decode; see the module doc)
+    part_acc_ptr=None,  # float32 [tokens, heads, SPLITS, HEAD_DIM_P] when SPLITS > 1
+    part_ml_ptr=None,  # float32 [tokens, heads, SPLITS, 2]: running max (log2 units), sum
 ):
     work = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -137,6 +149,12 @@ def paged_attention_kernel(
     if WINDOW > 0:  # skip the tiles wholly outside the first row's window
         first_pos = ctx_len + qblock * BLOCK_Q
         kv_start = tl.maximum(first_pos - WINDOW + 1, 0) // BLOCK_N * BLOCK_N
+    split = 0
+    if SPLITS > 1:
+        split = tl.program_id(2)
+        chunk = tl.cdiv(tl.cdiv(kv_end, SPLITS), BLOCK_N) * BLOCK_N
+        kv_start = tl.maximum(kv_start, split * chunk)
+        kv_end = tl.minimum(kv_end, (split + 1) * chunk)
     for start_n in range(kv_start, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < kv_end
@@ -171,6 +189,17 @@ def paged_attention_kernel(
         acc = acc * alpha[:, None] + pv.to(tl.float32)
         m_i = m_new
 
+    if SPLITS > 1:  # unnormalized partial output, max and sum: combine_splits_kernel merges
+        if FP8:
+            acc = acc * tl.load(kv_scales_ptr + 1)
+        num_heads = tl.num_programs(1) * GROUP
+        part = ((q_start + tok) * num_heads + head) * SPLITS + split
+        tl.store(
+            part_acc_ptr + part[:, None] * HEAD_DIM_P + offs_d[None, :], acc, mask=row_ok[:, None]
+        )
+        tl.store(part_ml_ptr + part * 2, m_i, mask=row_ok)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
+        return
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
     if FP8:
@@ -180,4 +209,35 @@ def paged_attention_kernel(
         o_ptrs + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
         mask=row_ok[:, None] & d_ok[None, :],
+    )
+
+
+@triton.jit
+def combine_splits_kernel(
+    part_acc_ptr,
+    part_ml_ptr,
+    out_ptr,
+    stride_ot,
+    stride_oh,
+    SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+):
+    """One (token, head): merge the ``SPLITS`` partial outputs of ``paged_attention_kernel``."""
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    part = (token * tl.num_programs(1) + head) * SPLITS + tl.arange(0, SPLITS)
+    m = tl.load(part_ml_ptr + part * 2)
+    l_s = tl.load(part_ml_ptr + part * 2 + 1)
+    m_max = tl.max(m, 0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - m_safe))
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM_P + offs_d[None, :])
+    total = tl.sum(w * l_s, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(
+        out_ptr + token * stride_ot + head * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
     )

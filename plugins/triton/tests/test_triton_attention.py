@@ -121,6 +121,53 @@ def test_matches_dense_reference_half(case, dtype):
     _run_case(*case, dtype=dtype, seed=7)
 
 
+# Split KV decode: every split count, contexts shorter than, equal to and longer than a
+# split's chunk, a window, and fp8 caches; the split count is forced through the target.
+_SPLIT_DECODE_CASES = (
+    AttentionCase(
+        "split_decode",
+        (SeqSpec((150, 1, 1)), SeqSpec((3, 1)), SeqSpec((64, 1, 1)), SeqSpec((0, 1))),
+    ),
+    AttentionCase(
+        "split_decode_window", (SeqSpec((150, 1, 1)), SeqSpec((9, 1))), sliding_window=20
+    ),
+)
+
+
+_FP8_DECODE_CASES = [c for c in FP8_ATTENTION_CASES if "decode" in c.name]
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4, 16])
+@pytest.mark.parametrize("case", [*_SPLIT_DECODE_CASES, *_FP8_DECODE_CASES], ids=lambda c: c.name)
+def test_split_kv_decode(case, splits, monkeypatch):
+    from engine_triton import backend as triton_backend
+
+    monkeypatch.setattr(triton_backend, "MAX_KV_SPLITS", splits)
+    monkeypatch.setattr(triton_backend, "SPLIT_PROGRAMS_PER_SM", 10**6)  # always the maximum
+    seen = []
+    build = triton_backend.TritonAttentionBackend.build_metadata
+
+    def recording_build(self, batch):
+        meta = build(self, batch)
+        seen.append((batch.is_decode_only, meta.kv_splits))
+        return meta
+
+    monkeypatch.setattr(triton_backend.TritonAttentionBackend, "build_metadata", recording_build)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    run_attention_case(triton_backend.TritonAttentionBackend, case, device=DEVICE, dtype=dtype)
+    decode_splits = {s for decode, s in seen if decode}
+    assert decode_splits == {splits}, seen  # the decode steps ran split that many ways
+    assert {s for decode, s in seen if not decode} <= {1}
+
+
+def test_kv_splits_reach_the_program_target():
+    from engine_triton.backend import MAX_KV_SPLITS, kv_splits
+
+    assert kv_splits(1, 8, 132) == MAX_KV_SPLITS  # batch 1: split as far as allowed
+    assert kv_splits(16, 8, 132) == 4  # 16 x 8 x 4 = 512 >= 2 x 132 programs
+    assert kv_splits(64, 8, 132) == 1  # the batch alone fills the GPU
+
+
 # -- the SDK conformance suite, and the fp8 KV cache ----------------------------------------
 
 # Windows far shorter than the context, so whole key tiles (64 tokens) are skipped: a

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine_sdk.interfaces.quantization import QuantizationMethod
+from engine_sdk.layers import gemv
 
 if TYPE_CHECKING:
     from engine_sdk.interfaces.quantization import QuantizationConfig
@@ -40,6 +41,8 @@ class UnquantizedLinearMethod(QuantizationMethod):
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         weight: torch.Tensor = layer.weight  # type: ignore[assignment]
+        if gemv.use_gemv(x, weight):  # a few rows (decode): the weight read is the cost
+            return gemv.gemv(x, weight, bias)
         return torch.nn.functional.linear(x, weight, bias)
 
     def merge(

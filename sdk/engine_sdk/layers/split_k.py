@@ -1,12 +1,31 @@
-"""Split-K for small-batch GEMM kernels: how many parts to split K into, and the second
-pass that sums the parts.
+"""Split-K for small-batch GEMM kernels: how many parts to split K into, and how the parts
+are added.
 
 A decode GEMM (a few activation rows) has few output tiles, too few programs to keep every
 multiprocessor reading weights. Splitting the reduction dimension K into ``S`` parts gives
-``S`` times the programs; each writes its partial product to ``partials[s]`` in float32
-and one more launch adds them, the bias and the cast (deterministic, unlike atomic adds)::
+``S`` times the programs; each writes its partial product to ``partials[s]`` in float32.
+Two ways to add them, both deterministic (the parts are always added in the order
+``s = 0 .. S-1``, whatever order the programs finish in):
 
-    partials [S, M, N] float32  --sum over S, + bias, cast-->  out [M, N]
+- a second launch, :func:`reduce_split_k` (the W4A16 / W8A16 GEMMs for larger batches)::
+
+      partials [S, M, N] float32  --sum over S, + bias, cast-->  out [M, N]
+
+- in the same launch, :func:`store_split_k` (the decode GEMVs): after writing its part, a
+  program adds one to its output tile's counter in ``locks``; the program that finds
+  ``S - 1`` there is the last of its tile, reads the ``S`` parts back, adds them and the
+  bias, stores the output and puts the counter back to 0::
+
+      program (tile t, part s):  partials[s] = acc
+                                 barrier; arrived = atomic_add(locks[t], 1)   (acq_rel)
+                                 if arrived == S - 1:  out = sum_s partials[s] + bias
+                                                       locks[t] = 0
+
+  One launch instead of two matters at decode, where a whole projection reads its weights
+  in a few microseconds. ``locks`` is int32, zero when made (:func:`split_k_locks`) and
+  zero again after every call, so a layer keeps one for its lifetime and CUDA graphs
+  replay it without a memset; two launches must not share one at the same time (one
+  stream, or a lock tensor per stream).
 
 Used by the quantization plugins' kernels (AWQ W4A16, FP8 W8A16); imported only where a
 kernel runs (it needs Triton).
@@ -15,12 +34,22 @@ kernel runs (it needs Triton).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["num_multiprocessors", "pick_split", "reduce_split_k"]
+__all__ = [
+    "SplitKPlan",
+    "num_multiprocessors",
+    "pick_split",
+    "plan_split_k",
+    "reduce_split_k",
+    "split_k_locks",
+    "store_split_k",
+    "store_split_k_tile",
+]
 
 CPU_MULTIPROCESSORS = 4  # what Triton's interpreter pretends (tests on CPUs)
 
@@ -86,3 +115,123 @@ def reduce_split_k(
         HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
     )  # fmt: skip
     return out
+
+
+def split_k_locks(num_tiles: int, device: torch.device | str) -> torch.Tensor:
+    """Zeroed int32 counters for :func:`store_split_k`, one per output tile of a launch."""
+    return torch.zeros(max(num_tiles, 1), dtype=torch.int32, device=device)
+
+
+class SplitKPlan(NamedTuple):
+    """One launch of a kernel that ends in :func:`store_split_k`: how K is split and the
+    tensors it writes."""
+
+    split: int  # parts of K (programs per output tile)
+    steps_per_split: int  # K steps of each part (the last may have fewer)
+    out: torch.Tensor  # [M, N] in the activations' dtype
+    parts: torch.Tensor  # [split, M, N] float32; ``out`` (unused) when split is 1
+    locks: torch.Tensor  # int32 counters, one per output tile; ``out`` (unused) when 1
+
+
+def plan_split_k(
+    x: torch.Tensor,
+    num_out: int,
+    num_tiles: int,
+    num_steps: int,
+    programs_per_sm: int,
+    split: int | None = None,
+    locks: torch.Tensor | None = None,
+) -> SplitKPlan:
+    """Split ``num_steps`` K steps of ``num_tiles`` output tiles (``x`` [M, K] times a
+    weight of ``num_out`` columns) so that about ``programs_per_sm`` programs per
+    multiprocessor run, or into ``split`` parts; allocate the output and the parts, and
+    take ``locks`` (the caller's counters, at least ``num_tiles``; None: zeroed ones made
+    now, a memset)."""
+    if split is None:
+        target = programs_per_sm * num_multiprocessors(x.device)
+        split, steps_per_split = pick_split(num_tiles, num_steps, target)
+    else:
+        split, steps_per_split = pick_split(1, num_steps, split)
+    out = torch.empty(x.shape[0], num_out, dtype=x.dtype, device=x.device)
+    if split == 1:
+        return SplitKPlan(1, steps_per_split, out, out, out)
+    parts = torch.empty(split, x.shape[0], num_out, dtype=torch.float32, device=x.device)
+    locks = split_k_locks(num_tiles, x.device) if locks is None else locks
+    assert locks.dtype == torch.int32 and locks.numel() >= num_tiles, "too few split-K locks"
+    return SplitKPlan(split, steps_per_split, out, parts, locks)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def store_split_k(  # type: ignore[no-untyped-def]
+    acc,
+    out_ptrs,
+    mask,
+    bias_ptrs,
+    part_ptrs,
+    part_stride,
+    lock_ptr,
+    pid_s,
+    num_splits,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """Store a program's float32 ``acc`` tile (any 2-D shape) to ``out_ptrs`` in the output
+    dtype, plus the bias (``bias_ptrs`` broadcast to the tile). With ``SPLIT`` the tile is
+    part ``pid_s`` of ``num_splits``: it goes to ``part_ptrs + pid_s * part_stride``
+    (float32) and the last part to arrive adds all of them (see the module docstring)."""
+    if SPLIT:
+        tl.store(part_ptrs + pid_s * part_stride, acc, mask=mask)
+        # Every thread's part is written before one thread announces it (release); the
+        # last program's acquire makes the other programs' parts visible to its loads.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(lock_ptr, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:
+            total = tl.zeros_like(acc)
+            for part in range(num_splits):
+                # .cg: from L2, where the other programs' stores are (not a stale L1 line).
+                total += tl.load(
+                    part_ptrs + part * part_stride, mask=mask, other=0.0, cache_modifier=".cg"
+                )
+            if HAS_BIAS:
+                total += tl.load(bias_ptrs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(lock_ptr, 0, sem="relaxed", scope="gpu")
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptrs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptrs, acc.to(out_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def store_split_k_tile(  # type: ignore[no-untyped-def]
+    acc,
+    out_ptr,
+    part_ptr,
+    bias_ptr,
+    lock_ptr,
+    offs_m,
+    offs_n,
+    M,
+    N,
+    stride_om,
+    pid_s,
+    num_splits,
+    TRANSPOSED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """:func:`store_split_k` for the tile of rows ``offs_m`` and columns ``offs_n`` of
+    ``out`` [M, N] (row stride ``stride_om``; parts [S, M, N] contiguous; ``bias`` [N]):
+    ``acc`` is [rows, columns], or [columns, rows] with ``TRANSPOSED`` (a weight-first
+    dot's ``out^T``)."""
+    if TRANSPOSED:
+        rows = offs_m[None, :]
+        cols = offs_n[:, None]
+    else:
+        rows = offs_m[:, None]
+        cols = offs_n[None, :]
+    mask = (rows < M) & (cols < N)
+    store_split_k(
+        acc, out_ptr + rows * stride_om + cols, mask, bias_ptr + cols + 0 * rows,
+        part_ptr + rows * N + cols, M * N, lock_ptr, pid_s, num_splits, HAS_BIAS, SPLIT,
+    )  # fmt: skip

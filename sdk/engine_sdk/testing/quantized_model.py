@@ -1,5 +1,7 @@
 """A tiny Qwen3 / Llama built through the SDK with quantized linear layers, and greedy
-decoding by repeated prefill (reference attention, CPU, float32).
+decoding by repeated prefill (the SDK's dense test attention, CPU, float32). Needs
+``engine-sdk`` alone: the models are the SDK's generic decoder configured as the Qwen3 and
+Llama plugins configure it, the attention is ``engine_sdk.testing.dense_attention``.
 
 ``quantizer`` maps a projection's float32 weight [out, in] to its checkpoint tensors
 (``None``: keep the float weight, for online quantization; see the fp8 and AWQ plugin tests).
@@ -7,19 +9,29 @@ decoding by repeated prefill (reference attention, CPU, float32).
 
 from __future__ import annotations
 
-from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from engine_sdk.interfaces.quantization import QuantizationConfig, QuantizationMethod
+from engine_sdk.layers.decoder import DecoderForCausalLM, DecoderOptions
+from engine_sdk.testing.dense_attention import DenseAttentionBackend
 from engine_sdk.testing.model_parity import load_float32_model, model_prefill_logits
 from engine_sdk.testing.quantization import Quantizer
 
-MODEL_CLASSES = {
-    "Qwen3ForCausalLM": "engine_qwen3.model:Qwen3ForCausalLM",
-    "LlamaForCausalLM": "engine_llama.model:LlamaForCausalLM",
+
+class _Qwen3(DecoderForCausalLM):
+    options: ClassVar[DecoderOptions] = DecoderOptions(qk_norm=True)
+
+
+class _Llama(DecoderForCausalLM):
+    options: ClassVar[DecoderOptions] = DecoderOptions()
+
+
+MODEL_CLASSES: dict[str, type[DecoderForCausalLM]] = {
+    "Qwen3ForCausalLM": _Qwen3,
+    "LlamaForCausalLM": _Llama,
 }
 PROJECTIONS = tuple(
     f"{p}.weight"
@@ -47,14 +59,12 @@ def build_model(
     model_dir: Path, quant_config: QuantizationConfig, state: dict[str, torch.Tensor]
 ) -> Any:
     """The model with every parameter loaded and every quantized layer processed."""
-    from engine_reference.backend import ReferenceAttentionBackend
     from transformers import AutoConfig
 
     config: Any = AutoConfig.from_pretrained(str(model_dir))
-    module_name, class_name = MODEL_CLASSES[config.architectures[0]].split(":")
-    model_cls = getattr(import_module(module_name), class_name)
+    model_cls = MODEL_CLASSES[config.architectures[0]]
     model = load_float32_model(
-        model_cls, config, state.items(), ReferenceAttentionBackend, BLOCK_SIZE, quant_config
+        model_cls, config, state.items(), DenseAttentionBackend, BLOCK_SIZE, quant_config
     )
     for module in model.modules():
         if isinstance(getattr(module, "quant_method", None), QuantizationMethod):
@@ -64,13 +74,11 @@ def build_model(
 
 def greedy(model: Any, prompt: list[int], num_new: int) -> tuple[list[int], torch.Tensor]:
     """Greedy tokens and the last-position logits of every step [num_new, vocab]."""
-    from engine_reference.backend import ReferenceAttentionBackend
-
     attn: Any = model.model.layers[0].self_attn
     kv_shape = (attn.num_kv_heads, attn.head_dim)
     ids, steps = list(prompt), []
     for _ in range(num_new):
-        logits = model_prefill_logits(model, ids, ReferenceAttentionBackend, kv_shape, BLOCK_SIZE)
+        logits = model_prefill_logits(model, ids, DenseAttentionBackend, kv_shape, BLOCK_SIZE)
         steps.append(logits[-1])
         ids.append(int(logits[-1].argmax()))
     return ids[len(prompt) :], torch.stack(steps)

@@ -1,0 +1,105 @@
+"""Small-batch GEMM as a Triton GEMV: ``x @ W.T (+ b)`` for at most ``MAX_ROWS`` rows.
+
+At one to a few activation rows a projection reads its whole weight to do almost no
+arithmetic, so its speed is the weight read. cuBLAS picks tiles made for larger batches
+and reached about a quarter of the H200's copy bandwidth on the Qwen3-0.6B projections
+(docs/performance.md). This kernel gives each program ``BLOCK_N`` weight rows read in
+``BLOCK_K`` chunks, enough programs to keep every multiprocessor loading, and reuses each
+loaded tile for all activation rows::
+
+    program p:  rows p*BLOCK_N .. +BLOCK_N of W [N, K]  x  x [M, K]  ->  out[:, those rows]
+
+``use_gemv`` decides per call (CUDA, bf16/fp16, contiguous weight, ``prefer_gemv`` for
+the shape, ``ENGINE_GEMV`` not ``0``); ``ENGINE_GEMV=force`` also runs it on the CPU
+through Triton's interpreter (tests). The tile sizes come from ``pick_tiles``.
+
+Measured on an H200 (``benchmarks/decode_kernels_gpu.py --sweep``, 2026-12-04, weights
+read from HBM, inside CUDA graphs), microseconds, cuBLAS -> this kernel:
+
+    one row:    Qwen3-0.6B qkv 5.2 -> 4.1, o 12.6 -> 3.2, gate_up 5.9 -> 5.0, down 7.6 -> 4.1;
+                Llama-8B qkv 15.3 -> 13.9, o 13.4 -> 10.1, down 32.2 -> 29.3, gate_up equal
+    four rows:  cuBLAS wins where N >= K or the weight is large; this kernel where N < K on
+                small weights (0.6B o 11.7 -> 4.5, down 7.8 -> 6.7)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+__all__ = ["MAX_ROWS", "gemv", "pick_tiles", "prefer_gemv", "use_gemv"]
+
+MAX_ROWS = 4  # rows at or below which the GEMV may replace the library GEMM
+SMALL_WEIGHT_BYTES = 16 * 2**20  # above this, cuBLAS keeps 2..MAX_ROWS rows
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel() -> object | None:
+    try:
+        from engine_sdk.layers._gemv_kernels import gemv_kernel
+    except ImportError:
+        return None
+    kernel: object = gemv_kernel
+    return kernel
+
+
+def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``gemv`` runs for this call (see the module docstring)."""
+    # Shape first: most calls (prefill, large batches) stop here without an environ lookup.
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[0] > MAX_ROWS:
+        return False
+    mode = os.environ.get("ENGINE_GEMV", "1")
+    if mode == "0":
+        return False
+    if not prefer_gemv(x.shape[0], weight.shape[0], weight.shape[1], weight.element_size()):
+        return False
+    if not x.is_cuda and mode != "force":
+        return False
+    return (
+        x.dtype in _DTYPES
+        and weight.dtype == x.dtype
+        and weight.stride(1) == 1
+        and x.stride(1) == 1
+        and _kernel() is not None
+    )
+
+
+def prefer_gemv(rows: int, n: int, k: int, element_size: int = 2) -> bool:
+    """Whether this kernel beats cuBLAS for ``rows`` x ``[n, k]`` (the measurements above):
+    always at one row; at 2..``MAX_ROWS`` rows only for a small weight with ``n < k``."""
+    if rows == 1:
+        return True
+    return 1 < rows <= MAX_ROWS and n < k and n * k * element_size <= SMALL_WEIGHT_BYTES
+
+
+def pick_tiles(n: int, k: int) -> tuple[int, int, int]:
+    """``(BLOCK_N, BLOCK_K, num_warps)``: two weight rows per program, read in K chunks of
+    2048 (all of a smaller K), four warps: the best or within 10% of the best tile in the
+    sweep for every measured shape at one row."""
+    return 2, min(2048, max(16, 1 << (k - 1).bit_length())), 4
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    tiles: tuple[int, int, int] | None = None,
+) -> torch.Tensor:
+    """``x @ weight.T + bias`` for ``x`` [M, K] (M at most ``MAX_ROWS``), ``weight`` [N, K]."""
+    kernel = _kernel()
+    assert kernel is not None
+    num_rows, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
+    block_n, block_k, warps = tiles or pick_tiles(n, k)
+    block_m = max(1, 1 << (num_rows - 1).bit_length())
+    kernel[(-(-n // block_n),)](  # type: ignore[index]
+        x, weight, bias if bias is not None else weight, out, num_rows, n, k,
+        x.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=warps,
+    )  # fmt: skip
+    return out

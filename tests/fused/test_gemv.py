@@ -1,0 +1,89 @@
+"""The small-batch GEMV against a float32 matmul, and the Linear layer's use of it
+(Triton's interpreter on CPU, the compiled kernel on a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_sdk.layers import gemv
+from engine_sdk.layers.linear import Linear
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(autouse=True)
+def _force_gemv(monkeypatch):
+    if DEVICE == "cpu":
+        monkeypatch.setenv("ENGINE_GEMV", "force")
+
+
+def _ulp_tol(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The output's own rounding (half an ulp of the dtype) plus float32 summation slack."""
+    eps = torch.finfo(dtype).eps
+    return ref.abs() * eps + 1e-3
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "rows,n,k,bias,tiles",
+    [
+        (1, 33, 70, False, None),  # N and K not multiples of anything
+        (3, 64, 1030, True, (4, 256, 4)),  # K over several chunks, a partial last chunk
+        (4, 17, 2048, False, (1, 16, 4)),  # one weight row per program, many chunks
+        (2, 5, 16, True, None),
+        (4, 40, 300, True, (16, 128, 4)),  # row block wider than a tail of N
+    ],
+)
+def test_gemv_matches_float32_matmul(rows, n, k, bias, tiles, dtype):
+    gen = torch.Generator().manual_seed(rows * 1000 + n + k)
+    x = torch.randn(rows, k, generator=gen).to(dtype).to(DEVICE)
+    w = torch.randn(n, k, generator=gen).to(dtype).to(DEVICE)
+    b = torch.randn(n, generator=gen).to(dtype).to(DEVICE) if bias else None
+    ref = x.float() @ w.float().T + (b.float() if b is not None else 0)
+    got = gemv.gemv(x, w, b, tiles)
+    assert got.shape == (rows, n) and got.dtype == dtype
+    err = (got.float() - ref).abs()
+    assert bool((err <= _ulp_tol(ref, dtype)).all()), err.max()
+
+
+def test_gemv_reads_every_row_of_x_with_its_own_weights():
+    """Rows differ and the result must differ row by row (a kernel reusing row 0 fails)."""
+    x = torch.eye(4, 64, dtype=torch.bfloat16, device=DEVICE)
+    w = torch.arange(10 * 64, dtype=torch.float32).reshape(10, 64).to(torch.bfloat16).to(DEVICE)
+    got = gemv.gemv(x, w).float().cpu()
+    assert torch.equal(got, w.float().cpu()[:, :4].T)
+
+
+def test_linear_uses_gemv_for_few_rows_and_the_library_gemm_otherwise(monkeypatch):
+    layer = Linear(96, 48, bias=True, params_dtype=torch.bfloat16).to(DEVICE)
+    gen = torch.Generator().manual_seed(3)
+    layer.weight.data = torch.randn(48, 96, generator=gen).to(torch.bfloat16).to(DEVICE)
+    layer.bias.data = torch.randn(48, generator=gen).to(torch.bfloat16).to(DEVICE)
+    calls = []
+    original = gemv.gemv
+
+    def recording(*args, **kwargs):
+        calls.append(args[0].shape[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gemv, "gemv", recording)
+    for rows in (1, gemv.MAX_ROWS, gemv.MAX_ROWS + 1):
+        x = torch.randn(rows, 96, generator=gen).to(torch.bfloat16).to(DEVICE)
+        ref = x.float() @ layer.weight.float().T + layer.bias.float()
+        torch.testing.assert_close(layer(x).float(), ref, atol=0.1, rtol=0.02)
+    assert calls == [1, gemv.MAX_ROWS]
+
+
+def test_use_gemv_declines_what_it_cannot_run(monkeypatch):
+    w = torch.randn(8, 32, dtype=torch.bfloat16, device=DEVICE)
+    x = torch.randn(2, 32, dtype=torch.bfloat16, device=DEVICE)
+    assert gemv.use_gemv(x, w)
+    assert not gemv.use_gemv(x.float(), w.float())  # float32: the library GEMM
+    assert not gemv.use_gemv(x, w.T.contiguous().T)  # a transposed weight view
+    assert not gemv.use_gemv(torch.randn(gemv.MAX_ROWS + 1, 32, dtype=torch.bfloat16), w)
+    wide = torch.randn(64, 32, dtype=torch.bfloat16, device=DEVICE)  # N >= K: cuBLAS at 2 rows
+    assert gemv.use_gemv(x[:1], wide) and not gemv.use_gemv(x, wide)
+    assert not gemv.use_gemv(x[:, None, :], w)
+    monkeypatch.setenv("ENGINE_GEMV", "0")
+    assert not gemv.use_gemv(x, w)

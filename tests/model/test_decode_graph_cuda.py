@@ -1,0 +1,68 @@
+"""On the GPU (marked ``gpu``): the decode CUDA graphs, with the logits and their argmax
+inside the graph for small batches, give the tokens of eager execution; plain greedy
+batches take the graph's argmax, anything else samples from the graph's logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from engine import LLM, SamplingParams
+from engine.model_executor.cuda_graphs import LOGITS_IN_GRAPH_MAX_BATCH
+from engine.model_executor.sampler import Sampler
+from engine_sdk.testing.models import build_tiny_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("qwen3"), "Qwen3ForCausalLM")
+
+
+def _prompts(n: int) -> list[dict[str, list[int]]]:
+    return [
+        {"prompt_token_ids": [(5 * i + 3 * j) % 300 + 1 for j in range(4 + i)]} for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graph_decode_matches_eager(tiny_qwen3: Path, dtype: str, monkeypatch) -> None:
+    base = {"device": "cuda", "dtype": dtype, "kv_cache_memory_bytes": 1 << 28}
+    eager = LLM(str(tiny_qwen3), enforce_eager=True, **base)
+    graphs = LLM(str(tiny_qwen3), **base)
+    assert graphs.engine.engine_core.runner.cuda_graphs is not None
+    greedy_calls = []
+    original = Sampler.greedy_sample
+
+    def counting(self, token_ids, batch):
+        greedy_calls.append(len(batch))
+        return original(self, token_ids, batch)
+
+    monkeypatch.setattr(Sampler, "greedy_sample", counting)
+    cases = {
+        "greedy": SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+        "penalty": SamplingParams(
+            temperature=0.0, repetition_penalty=1.3, max_tokens=16, ignore_eos=True
+        ),
+        "logprobs": SamplingParams(temperature=0.0, logprobs=3, max_tokens=8, ignore_eos=True),
+        "seeded": SamplingParams(temperature=0.9, seed=5, top_k=20, max_tokens=16, ignore_eos=True),
+    }
+    for batch in (1, 3, LOGITS_IN_GRAPH_MAX_BATCH + 4):
+        for name, params in cases.items():
+            greedy_calls.clear()
+            want = eager.generate(_prompts(batch), params, use_tqdm=False)
+            assert not greedy_calls  # eager steps never take a graph's argmax
+            got = graphs.generate(_prompts(batch), params, use_tqdm=False)
+            for w, g in zip(want, got, strict=True):
+                assert g.outputs[0].token_ids == w.outputs[0].token_ids, (name, batch)
+            if name == "logprobs":
+                for w, g in zip(want, got, strict=True):
+                    for lw, lg in zip(w.outputs[0].logprobs, g.outputs[0].logprobs, strict=True):
+                        assert lw.keys() == lg.keys()
+            plain = name == "greedy" and batch <= LOGITS_IN_GRAPH_MAX_BATCH
+            assert bool(greedy_calls) == plain, (name, batch, greedy_calls)
