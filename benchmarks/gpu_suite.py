@@ -508,9 +508,10 @@ def _extra_rows(results: dict[str, Any]) -> list[tuple[str, Any, str]]:
     for run in _get(results.get("masks"), "runs") or []:
         rows.append(
             (
-                f"masking batch {run['batch']} ms/step plain / schema",
-                f"{run['ms_per_step_plain_p50']:.2f} / {run['ms_per_step_json_schema_p50']:.2f}",
-                f"+{run['masking_overhead_ms_p50']:.2f} ms",
+                f"masking batch {run['batch']} fwd {run['forward_ms']} ms: ms/step plain / schema",
+                f"{run['ms_per_step_plain_p50']:.2f} / {run['ms_per_step_json_p50']:.2f}",
+                f"+{run['masking_overhead_ms_p50']:.2f} ms ({run['masking_overhead_pct']:.1f}%), "
+                f"host {run['json_host_ms_p50']:.2f} ms",
             )
         )
     for key, r in (results.get("quant") or {}).items():

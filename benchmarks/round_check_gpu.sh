@@ -13,7 +13,7 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tm
     ./plugins/fp8 ./plugins/awq ./plugins/outlines 2>&1 | tail -2
 export PYTHONPATH=/tmp/site2:/tmp/site
 t() { local s=$1; shift; timeout "$s" "$@"; }
-t 130 python3 -m pytest -q -p no:cacheprovider tests/fused tests/structured_output/test_packed_masks.py \
+t 130 python3 -m pytest -q -p no:cacheprovider tests/fused tests/structured_output/test_mask_table.py tests/structured_output/test_packed_masks_outlines.py tests/model/test_decode_graph_cuda.py \
     tests/sampler/test_sampler_cuda.py plugins/awq/tests/test_awq_w4a16.py \
     plugins/fp8/tests/test_fp8_w8a16.py plugins/triton/tests 2>&1 | tail -6 | tee "$OUT/gpu_tests.txt"
 t 60 python3 benchmarks/async_check_gpu.py 2>&1 | grep -v -i warn | tail -4 | tee -a "$OUT/gpu_tests.txt"

@@ -149,13 +149,12 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
 
 
 def _masks(state: Any, requests: list[Any], vocab_size: int) -> list[Any] | None:
-    """The runner state's packed masks for the CPU, unpacked to bool rows."""
-    from engine.structured_output.masks import unpack_masks
-
+    """The runner state's packed masks for the CPU, unpacked to bool rows; ``None`` for a
+    row that allows every id (an unconstrained one)."""
     packed = state.masks(requests, vocab_size, torch.device("cpu"))
     if packed is None:
         return None
-    return [None if m is None else unpack_masks(m[None, :], vocab_size)[0] for m in packed]
+    return [None if bool(row.all()) else row for row in ~packed.forbidden()]
 
 
 def test_reasoning_gate_masks_only_after_think_end(tokenizer: Any) -> None:

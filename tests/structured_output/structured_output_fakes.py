@@ -52,6 +52,73 @@ class FixedMatcher(GrammarMatcher):
         return self.terminated
 
 
+class TableGrammar(CompiledGrammar):
+    """A tiny DFA: ``transitions[state][token] = next state``; EOS (``eos_token_id``) is
+    allowed in ``finals``; a final state with no transition is terminated. Its matchers
+    name states by number (``state_key``), so two grammars share state numbers with
+    different masks; ``fills`` also gives them ``fill_bitmask``."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        transitions: dict[int, dict[int, int]],
+        finals: set[int],
+        eos_token_id: int,
+        fills: bool = True,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.transitions = transitions
+        self.finals = finals
+        self.eos_token_id = eos_token_id
+        self.fills = fills
+
+    def new_matcher(self) -> TableMatcher:
+        return TableMatcher(self)
+
+
+class TableMatcher(GrammarMatcher):
+    def __init__(self, grammar: TableGrammar) -> None:
+        self.grammar = grammar
+        self.state = 0
+        self.ended = False
+
+    def _allowed(self) -> list[int]:
+        if self.ended:
+            return [self.grammar.eos_token_id]
+        ids = sorted(self.grammar.transitions.get(self.state, {}))
+        return ids + ([self.grammar.eos_token_id] if self.state in self.grammar.finals else [])
+
+    def allowed_token_ids(self) -> torch.Tensor:
+        mask = torch.zeros(self.grammar.vocab_size, dtype=torch.bool)
+        mask[self._allowed()] = True
+        return mask
+
+    def accept_token(self, token_id: int) -> bool:
+        if token_id not in self._allowed() or self.ended:
+            return False
+        if token_id == self.grammar.eos_token_id:
+            self.ended = True
+        else:
+            self.state = self.grammar.transitions[self.state][token_id]
+        return True
+
+    def is_terminated(self) -> bool:
+        return self.ended or (
+            self.state in self.grammar.finals and not self.grammar.transitions.get(self.state)
+        )
+
+    def state_key(self) -> tuple[int, bool]:
+        return (self.state, self.ended)
+
+    def fill_bitmask(self, out: torch.Tensor) -> bool:
+        if not self.grammar.fills:
+            return False
+        words = out.numpy().view("uint32")
+        for token_id in self._allowed():
+            words[token_id // 32] |= 1 << (token_id % 32)
+        return True
+
+
 class SleptGrammar(CompiledGrammar):
     def __init__(self, spec: str, vocab_size: int, num_bytes: int) -> None:
         self.spec = spec

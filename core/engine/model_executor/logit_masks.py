@@ -13,9 +13,10 @@ nor random sampling can pick them, whatever the bias.
   tells the scheduler not to stop) and its ``stop_token_ids`` are forbidden.
 - ``allowed_token_masks``: one bool ``[V']`` tensor per row (or ``None``: no
   constraint). ``V'`` may be smaller than the model's vocabulary (tokenizers often have
-  fewer tokens than the padded embedding); the ids past ``V'`` are then forbidden. Rows may
-  instead be packed bits (uint8 ``[ceil(V / 8)]`` on the logits' device, bit ``id % 8`` of
-  byte ``id // 8``), which are stacked and unpacked on the device in one go.
+  fewer tokens than the padded embedding); the ids past ``V'`` are then forbidden. Or, the
+  engine's path, ``PackedMasks``: a packed row for every row, already on the logits'
+  device, unpacked there in one gather (``apply_packed_masks``; out of place, it is also
+  the sampler's working copy of the logits).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from engine.model_executor.device_tensors import host_tensor, to_device
 from engine.sampling_params import SamplingParams
-from engine.structured_output.masks import unpack_masks
+from engine.structured_output.masks import PackedMasks
 
 NEG_INF = float("-inf")
 
@@ -73,10 +74,35 @@ def apply_min_tokens(
     return logits
 
 
+def apply_packed_masks(
+    logits: torch.Tensor, masks: PackedMasks, in_place: bool = True
+) -> torch.Tensor:
+    """Set every token a row's packed mask does not allow to ``-inf``; ``in_place=False``
+    returns a new tensor (the copy and the fill in one pass over the logits)."""
+    num_rows, vocab_size = logits.shape
+    if len(masks) != num_rows or masks.vocab_size != vocab_size:
+        raise ValueError(
+            f"packed masks for {len(masks)} rows of {masks.vocab_size} tokens, logits of "
+            f"{num_rows} rows of {vocab_size}; build the masks for the sampled rows and the "
+            "model's vocabulary size"
+        )
+    if masks.bits.device != logits.device:
+        raise ValueError(
+            f"packed masks are on {masks.bits.device}, the logits on {logits.device}; "
+            "build them on the logits' device"
+        )
+    forbidden = masks.forbidden()
+    if in_place:
+        return logits.masked_fill_(forbidden, NEG_INF)
+    return logits.masked_fill(forbidden, NEG_INF)
+
+
 def apply_allowed_token_masks(
-    logits: torch.Tensor, allowed_token_masks: Sequence[torch.Tensor | None]
+    logits: torch.Tensor, allowed_token_masks: Sequence[torch.Tensor | None] | PackedMasks
 ) -> torch.Tensor:
     """Set every token a row's mask does not allow to ``-inf``; in place."""
+    if isinstance(allowed_token_masks, PackedMasks):
+        return apply_packed_masks(logits, allowed_token_masks)
     num_rows, vocab_size = logits.shape
     if len(allowed_token_masks) != num_rows:
         raise ValueError(
@@ -86,8 +112,6 @@ def apply_allowed_token_masks(
     present = [(i, m) for i, m in enumerate(allowed_token_masks) if m is not None]
     if not present:
         return logits
-    if all(m.dtype == torch.uint8 and m.device == logits.device for _, m in present):
-        return _apply_packed_masks(logits, present)
     # Built where the masks live (host masks: one copy for the batch), then moved.
     masks_on_host = all(m.device.type == "cpu" for _, m in present)
     build_device = torch.device("cpu") if masks_on_host else logits.device
@@ -105,25 +129,6 @@ def apply_allowed_token_masks(
             )
         allowed[j, : mask.shape[0]] = mask.to(build_device)
     allowed = to_device(allowed, logits.device)
-    row_index = host_tensor([i for i, _ in present], torch.long, logits.device)
-    logits[row_index] = logits[row_index].masked_fill(~allowed, NEG_INF)
-    return logits
-
-
-def _apply_packed_masks(
-    logits: torch.Tensor, present: list[tuple[int, torch.Tensor]]
-) -> torch.Tensor:
-    num_rows, vocab_size = logits.shape
-    num_bytes = -(-vocab_size // 8)
-    for i, mask in present:
-        if mask.dim() != 1 or mask.shape[0] != num_bytes:
-            raise ValueError(
-                f"allowed_token_masks[{i}] is packed (uint8) with {mask.shape[0]} bytes but "
-                f"the logits have {vocab_size} tokens, which need {num_bytes}"
-            )
-    allowed = unpack_masks(torch.stack([m for _, m in present]), vocab_size)
-    if len(present) == num_rows:
-        return logits.masked_fill_(~allowed, NEG_INF)
     row_index = host_tensor([i for i, _ in present], torch.long, logits.device)
     logits[row_index] = logits[row_index].masked_fill(~allowed, NEG_INF)
     return logits

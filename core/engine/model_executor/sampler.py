@@ -33,6 +33,7 @@ from engine.model_executor.logit_masks import (
     apply_allowed_token_masks,
     apply_logit_bias,
     apply_min_tokens,
+    apply_packed_masks,
 )
 from engine.model_executor.logprobs import (
     compute_prompt_logprobs,
@@ -42,6 +43,7 @@ from engine.model_executor.logprobs import (
 from engine.model_executor.penalties import apply_penalties, needs_penalties
 from engine.model_executor.topk_topp import apply_min_p, apply_top_k_top_p
 from engine.sampling_params import SamplingParams
+from engine.structured_output.masks import PackedMasks
 
 __all__ = [
     "DeviceSample",
@@ -60,8 +62,9 @@ class SamplingBatch:
     generators: list[torch.Generator | None]
     prompt_token_ids: list[list[int]]
     output_token_ids: list[list[int]]
-    # Structured outputs: bool [V] per row (True = allowed), None = unconstrained.
-    allowed_token_masks: list[torch.Tensor | None] | None = None
+    # Structured outputs: bool [V] per row (True = allowed), None = unconstrained; or
+    # packed rows for the whole batch on the logits' device (the engine's path).
+    allowed_token_masks: list[torch.Tensor | None] | PackedMasks | None = None
 
     def __post_init__(self) -> None:
         num_rows = len(self.params)
@@ -134,9 +137,9 @@ class Sampler:
         uses_min_tokens = any(
             p.min_tokens > len(out) for p, out in zip(params, batch.output_token_ids, strict=True)
         )
-        uses_masks = batch.allowed_token_masks is not None and any(
-            m is not None for m in batch.allowed_token_masks
-        )
+        masks = batch.allowed_token_masks
+        packed = isinstance(masks, PackedMasks)
+        uses_masks = masks is not None and (packed or any(m is not None for m in masks))
         return (
             uses_min_tokens,
             uses_masks,
@@ -148,9 +151,13 @@ class Sampler:
         """Penalties and hard masks, on a float32 copy (the caller's logits stay intact,
         they are needed raw for logprobs)."""
         params = batch.params
+        masks = batch.allowed_token_masks
         uses_min_tokens, uses_masks, uses_penalties, uses_bias = self._needs_processing(batch)
         if not (uses_min_tokens or uses_masks or uses_penalties or uses_bias):
             return logits.float()
+        if isinstance(masks, PackedMasks) and not (uses_min_tokens or uses_penalties or uses_bias):
+            # The masked copy is the working copy: one pass over the logits.
+            return apply_packed_masks(logits.float(), masks, in_place=False)
         work = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
         work.copy_(logits)  # contiguous whatever the caller's strides
         if uses_bias:
@@ -160,8 +167,8 @@ class Sampler:
         if uses_min_tokens:
             apply_min_tokens(work, params, batch.output_token_ids)
         if uses_masks:
-            assert batch.allowed_token_masks is not None
-            apply_allowed_token_masks(work, batch.allowed_token_masks)
+            assert masks is not None
+            apply_allowed_token_masks(work, masks)
         return work
 
     def _sample_random(

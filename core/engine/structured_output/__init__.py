@@ -16,8 +16,10 @@ Wiring (the API layer, the engine, then the runner)::
     future = manager.compile_async(params.structured_outputs)
     # runner, when a constrained request is first scheduled (a cache hit):
     matchers[req_id] = manager.matcher_for(params.structured_outputs, output_token_ids)
-    # runner, each step: one entry per logits row (None for unconstrained rows)
-    batch.allowed_token_masks = manager.batch_masks([matchers.get(r) for r in rows])
+    # runner, each step: one entry per logits row (None for unconstrained rows); packed
+    # rows of the mask table (mask_table.py), on the logits' device
+    batch.allowed_token_masks = manager.packed_masks(
+        [matchers.get(r) for r in rows], vocab_size, logits.device)
     # runner, after sampling (rows that produced a token):
     if not manager.accept_token(matchers[req_id], token_id): ...  # finish with an error
 """

@@ -8,9 +8,11 @@ Each constraint is checked where it enters and compiled in one place:
   (``compile_worker.py``), with a deadline, once per constraint (cached; a failed one is
   refused on repeats). Errors are ``RequestValidationError`` (HTTP 400).
 
-The runner then keeps one matcher per constrained request (``matcher_for``, a cache hit),
-asks for the batch's masks each step (``batch_masks``) and feeds back each sampled token
-(``accept_token``). See ``engine.structured_output`` for the wiring.
+The runner then keeps one matcher per constrained request (``matcher_for``, a cache hit,
+bound to its grammar's serial: ``bound_matcher.py``), asks for the batch's masks each step
+(``packed_masks``: rows of the mask table, ``mask_table.py``; ``batch_masks``: bool masks
+on the host, for tools and tests) and feeds back each sampled token (``accept_token``).
+See ``engine.structured_output`` for the wiring.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from engine_sdk.specs import StructuredOutputBackendSpec
 from engine.errors import RequestValidationError, StartupError
 from engine.plugins.errors import PluginError
 from engine.sampling_params import StructuredOutputsParams
+from engine.structured_output.bound_matcher import GrammarSerials
 from engine.structured_output.bounds import check_bounds
 from engine.structured_output.cache import GrammarCache, RefusedGrammars, grammar_num_bytes
 from engine.structured_output.compile_worker import (
@@ -43,7 +46,8 @@ from engine.structured_output.compile_worker import (
 from engine.structured_output.config import StructuredOutputsConfig
 from engine.structured_output.deadlines import with_deadline
 from engine.structured_output.keys import GrammarKey, grammar_key
-from engine.structured_output.masks import DeviceMaskCache, EosRules, batch_masks
+from engine.structured_output.mask_table import MAX_ROWS, PackedMaskTable
+from engine.structured_output.masks import EosRules, PackedMasks, batch_masks
 
 if TYPE_CHECKING:
     from engine.plugins import PluginManager
@@ -116,7 +120,9 @@ class StructuredOutputManager:
         if tokenizer_eos is not None:
             eos_ids.append(int(tokenizer_eos))
         self.eos_rules = EosRules(eos_ids)
-        self._device_masks: dict[torch.device, DeviceMaskCache] = {}
+        self._mask_tables: dict[tuple[torch.device, int], PackedMaskTable] = {}
+        self.max_mask_rows = MAX_ROWS
+        self._serials = GrammarSerials()
         self.cache = GrammarCache(self.config.max_cache_entries, self.config.max_cache_bytes)
         self.refused = RefusedGrammars()
         self._pool: CompileWorkerPool | None = None  # started on the first compile
@@ -307,7 +313,9 @@ class StructuredOutputManager:
     # -- per-request state and per-step masks ---------------------------------------------
 
     def new_matcher(self, compiled: CompiledGrammar) -> GrammarMatcher:
-        return compiled.new_matcher()
+        """A matcher of ``compiled`` bound to the grammar's identity (its masks are then
+        shared with every request of that grammar in the same state)."""
+        return self._serials.bind(compiled)
 
     def matcher_for(
         self, params: StructuredOutputsParams, token_ids: Sequence[int] = ()
@@ -346,14 +354,20 @@ class StructuredOutputManager:
 
     def packed_masks(
         self, matchers: Sequence[GrammarMatcher | None], vocab_size: int, device: torch.device
-    ) -> list[torch.Tensor | None]:
-        """Like ``batch_masks``, as packed bits already on ``device`` (uint8
-        ``[ceil(vocab_size / 8)]`` per row, cached per grammar state: see
-        ``DeviceMaskCache``)."""
-        cache = self._device_masks.get(device)
-        if cache is None:
-            cache = self._device_masks[device] = DeviceMaskCache(self.eos_rules, device)
-        return [None if m is None else cache.packed(m, vocab_size) for m in matchers]
+    ) -> PackedMasks:
+        """The same masks as ``batch_masks``, as packed bits on ``device`` (an
+        unconstrained row allows every id), built once per grammar state: see
+        ``PackedMaskTable``."""
+        return self.mask_table(vocab_size, device).lookup(matchers)
+
+    def mask_table(self, vocab_size: int, device: torch.device) -> PackedMaskTable:
+        table = self._mask_tables.get((device, vocab_size))
+        if table is None:
+            table = PackedMaskTable(
+                self.eos_rules, device, vocab_size, self.vocab_size, self.max_mask_rows
+            )
+            self._mask_tables[(device, vocab_size)] = table
+        return table
 
     def worker_pids(self) -> list[int | None]:
         """The compile workers' process ids (``None``: not running); for tests and tools."""

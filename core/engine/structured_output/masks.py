@@ -7,24 +7,19 @@ EOS only; a mask that allows nothing (a dead end the backend could not avoid) al
 EOS only, so the sampler never sees a row of all ``-inf``. Masks come back as bool
 ``[vocab_size]`` on the requested device: ids past the backend's mask are forbidden.
 
-On a GPU the masks travel packed: ``DeviceMaskCache`` keeps, per grammar-state mask, the
-widened mask as bits on the device (one uint8 per 8 token ids, bit ``id % 8`` of byte
-``id // 8``), built once per state; a step then costs a lookup per row and one unpack of
-the whole batch on the device instead of a host copy of ``vocab_size`` bools per row.
+On the engine's path the masks are packed bits (``PackedMasks``: uint8, bit ``id % 8`` of
+byte ``id // 8``), one row per sampling row, gathered on the device from the mask table
+(``mask_table.py``); ``EosRules.widen_bits`` applies the same rules to a packed row.
 """
 
 from __future__ import annotations
 
-import weakref
-from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from engine_sdk.interfaces.structured_output import GrammarMatcher
-
-from engine.model_executor.device_tensors import to_device
 
 
 class EosRules:
@@ -65,6 +60,24 @@ class EosRules:
             return None
         return self.widen_mask(mask, vocab_size)
 
+    def eos_only_bits(self, row: np.ndarray, vocab_size: int) -> np.ndarray:
+        """``row`` (packed, see ``PackedMasks``) set to the EOS ids only; in place."""
+        row[:] = 0
+        for i in self.eos_token_ids:
+            if 0 <= i < vocab_size:
+                row[i >> 3] |= 1 << (i & 7)
+        return row
+
+    def widen_bits(self, row: np.ndarray, vocab_size: int) -> np.ndarray:
+        """``widen_mask`` for a packed row already cut to ``vocab_size`` ids; in place."""
+        ids = [i for i in self.eos_token_ids if i < vocab_size]
+        if any((row[i >> 3] >> (i & 7)) & 1 for i in ids):
+            for i in ids:
+                row[i >> 3] |= 1 << (i & 7)
+        elif not row.any():
+            self.eos_only_bits(row, vocab_size)
+        return row
+
     def widen_mask(self, mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """A backend's mask resized to ``vocab_size`` with the EOS rules applied."""
         if mask.shape[0] != vocab_size:
@@ -99,52 +112,31 @@ def batch_masks(
     return masks
 
 
-class DeviceMaskCache:
-    """Widened masks packed into bits on one device, keyed by the backend's mask object.
+def forbidden_bits_table(device: torch.device) -> torch.Tensor:
+    """bool ``[256, 8]``: row ``b`` says which of byte ``b``'s 8 bits are 0 (forbidden
+    ids), so a packed row unpacks in one gather."""
+    byte = torch.arange(256, dtype=torch.int32)[:, None]
+    return (((byte >> torch.arange(8, dtype=torch.int32)) & 1) == 0).to(device)
 
-    Backends hand out one shared tensor per grammar state (see ``GrammarMatcher``), so the
-    object identifies the state: the entry holds a weak reference to it and is rebuilt if
-    that object is gone (its id reused). Least recently used entries go past
-    ``max_entries`` (each is ``vocab_size / 8`` bytes of device memory).
+
+@dataclass
+class PackedMasks:
+    """One packed mask per sampling row, on the logits' device.
+
+    ``bits``: uint8 ``[num_rows, num_bytes]``, bit ``id % 8`` of byte ``id // 8`` set where
+    token ``id`` is allowed (an unconstrained row has every bit set); ``num_bytes * 8`` is
+    at least ``vocab_size``. ``lut``: ``forbidden_bits_table`` on the same device.
     """
 
-    def __init__(self, rules: EosRules, device: torch.device, max_entries: int = 4096) -> None:
-        self.rules = rules
-        self.device = device
-        self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[int, int], tuple[weakref.ref[Any], torch.Tensor]] = (
-            OrderedDict()
-        )
+    bits: torch.Tensor
+    lut: torch.Tensor
+    vocab_size: int
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return int(self.bits.shape[0])
 
-    def packed(self, matcher: GrammarMatcher, vocab_size: int) -> torch.Tensor | None:
-        """uint8 ``[ceil(vocab_size / 8)]`` on the device, or ``None`` (unconstrained)."""
-        if matcher.is_terminated():
-            source, widen = self.rules.eos_only(vocab_size), False
-        else:
-            allowed = matcher.allowed_token_ids()
-            if allowed is None:
-                return None
-            source, widen = allowed, True
-        key = (id(source), vocab_size)
-        entry = self._entries.get(key)
-        if entry is not None and entry[0]() is source:
-            self._entries.move_to_end(key)
-            return entry[1]
-        mask = self.rules.widen_mask(source, vocab_size) if widen else source
-        packed = np.packbits(mask.numpy().astype(np.bool_), bitorder="little")
-        on_device = to_device(torch.from_numpy(packed), self.device)
-        self._entries[key] = (weakref.ref(source), on_device)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
-        return on_device
-
-
-def unpack_masks(packed: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """bool ``[rows, vocab_size]`` from uint8 ``[rows, ceil(vocab_size / 8)]`` (little bit
-    order: bit ``i`` of byte ``j`` is token id ``8 * j + i``)."""
-    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
-    bits = (packed[:, :, None] >> shifts) & 1
-    return bits.view(packed.shape[0], -1)[:, :vocab_size].bool()
+    def forbidden(self) -> torch.Tensor:
+        """bool ``[num_rows, vocab_size]``: True where a token is not allowed."""
+        num_rows, num_bytes = self.bits.shape
+        unpacked = self.lut.index_select(0, self.bits.view(-1).int())
+        return unpacked.view(num_rows, num_bytes * 8)[:, : self.vocab_size]

@@ -32,6 +32,7 @@ from engine.core.request import ReqId
 from engine.core.scheduler_output import ScheduledRequest
 from engine.errors import EngineError
 from engine.structured_output.manager import StructuredOutputManager
+from engine.structured_output.masks import PackedMasks
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +114,8 @@ class StructuredOutputState:
 
     def masks(
         self, requests: Sequence[ScheduledRequest], vocab_size: int, device: torch.device
-    ) -> list[torch.Tensor | None] | None:
-        """One packed mask on ``device`` per sampling row (``None``: unconstrained; see
+    ) -> PackedMasks | None:
+        """A packed mask on ``device`` per sampling row (see
         ``StructuredOutputManager.packed_masks``), or ``None`` when no row is constrained
         this step."""
         if not any(sr.request.sampling_params.structured_outputs for sr in requests):

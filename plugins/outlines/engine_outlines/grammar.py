@@ -1,15 +1,19 @@
 """A compiled outlines-core index and the per-request matchers that walk it.
 
 The index is shared read-only by every request with the same constraint. Each matcher
-owns an outlines-core ``Guide`` (a cursor: one state id). The allowed-token mask of a state
-is built once from the guide's packed bitmask (one bit per token id, written by
-outlines-core in Rust) and unpacked with numpy; the grammar keeps the masks of its most
-recently used states, so a step usually costs a dict lookup::
+owns an outlines-core ``Guide`` (a cursor: one state id). The engine's per-step path does
+not unpack masks: ``state_key`` is the guide's state id (the index's transitions from a
+state are exactly its allowed tokens, so the id determines the mask) and ``fill_bitmask``
+hands the engine outlines-core's packed bitmask as it is, for a state the engine has not
+seen yet. ``accept_token`` advances the guide without a mask (outlines-core refuses a
+token with no transition, which is a token the mask does not allow)::
 
     guide.write_mask_into -> uint32 words [ceil(V / 32)] -> unpackbits (little) -> bool [V]
                              bit (id % 32) of word (id // 32) is token id
 
-Masks handed out are shared: callers must not write to them.
+``allowed_token_ids`` (the bool mask of the SDK contract) is built once per state from
+those words and unpacked with numpy; the grammar keeps the masks of its most recently used
+states. Masks handed out are shared: callers must not write to them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ if TYPE_CHECKING:  # imported where masks are built: a compile worker never load
 # Per-grammar mask cache: at most this many bytes of bool masks, and this many states.
 MASK_CACHE_BYTES = 4 << 20
 MAX_CACHED_STATES = 1024
+# Per-grammar cache of whether a state is terminated (a bool per state, no mask).
+MAX_TERMINAL_FLAGS = 1 << 16
 # The in-memory index is about this many times its serialized (bincode) size.
 INDEX_MEMORY_FACTOR = 2
 
@@ -48,6 +54,7 @@ class OutlinesGrammar(CompiledGrammar):
         self._num_words = (vocab_size + 31) // 32
         self._max_states = max(4, min(MAX_CACHED_STATES, MASK_CACHE_BYTES // vocab_size))
         self._masks: OrderedDict[int, StateMask] = OrderedDict()
+        self._terminal: dict[int, bool] = {}
         self._lock = threading.Lock()
         self._eos_only: StateMask | None = None
         serialized = index.__reduce__()[1][0]
@@ -107,6 +114,23 @@ class OutlinesGrammar(CompiledGrammar):
 
         return StateMask(torch.from_numpy(bits), bits, terminated)
 
+    def is_terminated_state(self, guide: Any) -> bool:
+        """Whether the guide's state is final with EOS as its only allowed token (a flag
+        per state, cached; no mask is unpacked)."""
+        state = guide.get_state()
+        terminated = self._terminal.get(state)
+        if terminated is None:
+            terminated = False
+            if self.index.is_final_state(state):
+                words = np.zeros(self._num_words, dtype=np.uint32)
+                guide.write_mask_into(words.ctypes.data, self._num_words, 4)
+                terminated = int(np.unpackbits(words.view(np.uint8)).sum()) == 1
+            with self._lock:
+                if len(self._terminal) >= MAX_TERMINAL_FLAGS:
+                    self._terminal.clear()
+                self._terminal[state] = terminated
+        return terminated
+
     def num_cached_states(self) -> int:
         return len(self._masks)
 
@@ -128,19 +152,33 @@ class OutlinesMatcher(GrammarMatcher):
         return self._mask().allowed
 
     def accept_token(self, token_id: int) -> bool:
-        if self._ended:
+        if self._ended or not 0 <= token_id < self.grammar.vocab_size:
             return False
-        mask = self._mask()
-        if not 0 <= token_id < self.grammar.vocab_size or not mask.bits[token_id]:
-            return False
-        if token_id == self.grammar.eos_token_id:
+        if token_id == self.grammar.eos_token_id:  # allowed exactly in final states
+            if not self.grammar.index.is_final_state(self._guide.get_state()):
+                return False
             self._ended = True
             return True
         try:
             self._guide.advance(token_id, False)
-        except ValueError:  # no transition: the mask and the index disagree
+        except ValueError:  # no transition from this state: the mask does not allow it
             return False
         return True
 
     def is_terminated(self) -> bool:
-        return self._ended or self._mask().terminated
+        return self._ended or self.grammar.is_terminated_state(self._guide)
+
+    def state_key(self) -> int:
+        """The guide's state id; -1 once EOS was accepted (outlines-core ids are >= 0)."""
+        return -1 if self._ended else int(self._guide.get_state())
+
+    def fill_bitmask(self, out: torch.Tensor) -> bool:
+        if out.numel() != self.grammar._num_words:
+            return False
+        if self._ended:  # EOS only (bit 31 does not fit a Python int into int32: numpy)
+            words = out.numpy().view(np.uint32)
+            words[:] = 0
+            words[self.grammar.eos_token_id // 32] = 1 << (self.grammar.eos_token_id % 32)
+            return True
+        self._guide.write_mask_into(out.data_ptr(), out.numel(), 4)
+        return True

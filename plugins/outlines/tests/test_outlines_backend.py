@@ -20,6 +20,7 @@ from engine_outlines.backend import OutlinesBackend
 from engine_outlines.grammar import OutlinesGrammar
 from engine_outlines.regexes import escape_literal
 from engine_sdk.testing import PluginConformance
+from engine_sdk.testing.structured_output import assert_matcher_conforms, unpack_bitmask
 
 NUM_WALKS = 12
 MAX_STEPS = 400
@@ -243,3 +244,66 @@ def test_qwen3_json_schema(qwen3_tokenizer: Any) -> None:
         text, ended = walk(backend, grammar, seed)
         if ended:
             jsonschema.validate(json.loads(text), schema)
+
+
+# -- the optional matcher methods the engine's mask table uses -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec"),
+    [
+        ("json", SCHEMA),
+        ("regex", r"(\+|-)?[0-9]{1,4}(\.[0-9]{2})?"),
+        ("choice", ["ok", "okay", "no"]),
+    ],
+)
+def test_matchers_conform(backend: OutlinesBackend, kind: str, spec: Any) -> None:
+    """``state_key`` names one mask, ``fill_bitmask`` writes the bool mask, forbidden ids
+    are refused (``engine_sdk.testing.structured_output``)."""
+    grammar = backend.compile(kind, spec)
+    report = assert_matcher_conforms(
+        grammar, backend.vocab_size, eos_token_id=backend.eos_token_id, num_walks=10
+    )
+    assert report.num_keyed_steps == report.num_steps  # every state has a key
+    assert report.num_filled_steps > 0
+    assert len(report.keys) < report.num_steps  # walks meet states again: keys repeat
+
+
+def test_accept_token_refuses_exactly_what_the_mask_forbids(backend: OutlinesBackend) -> None:
+    """Every id, at every state of a few walks: accepted iff the mask allows it (the
+    matcher advances outlines-core without looking at the mask)."""
+    grammar = backend.compile("json", SCHEMA)
+    rng = random.Random(3)
+    for _ in range(3):
+        prefix: list[int] = []
+        for _ in range(40):
+            matcher = grammar.new_matcher()
+            for token_id in prefix:
+                assert matcher.accept_token(token_id)
+            mask = matcher.allowed_token_ids()
+            for token_id in range(-1, backend.vocab_size + 2):
+                probe = grammar.new_matcher()
+                for earlier in prefix:
+                    probe.accept_token(earlier)
+                allowed = 0 <= token_id < backend.vocab_size and bool(mask[token_id])
+                assert probe.accept_token(token_id) == allowed, (prefix, token_id)
+            choices = [t for t in mask.nonzero().flatten().tolist() if t != backend.eos_token_id]
+            if not choices:
+                break
+            prefix.append(rng.choice(choices))
+
+
+def test_terminated_and_ended_matchers_have_their_own_keys(backend: OutlinesBackend) -> None:
+    grammar = backend.compile("choice", ["ok"])
+    matcher = grammar.new_matcher()
+    for token_id in backend.tokenizer.encode("ok", add_special_tokens=False):
+        assert matcher.accept_token(token_id)
+    assert matcher.is_terminated()
+    before = matcher.state_key()
+    assert matcher.accept_token(backend.eos_token_id)
+    assert matcher.state_key() == -1 != before
+    words = torch.zeros(-(-backend.vocab_size // 32), dtype=torch.int32)
+    assert matcher.fill_bitmask(words)
+    assert unpack_bitmask(words, backend.vocab_size).nonzero().flatten().tolist() == [
+        backend.eos_token_id
+    ]
