@@ -7,8 +7,8 @@
 # Usage: bash benchmarks/round_check_gpu.sh   (writes under $OUT)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site2 \
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --upgrade --no-index --no-deps --no-build-isolation --target /tmp/site2 \
     ./sdk ./core ./plugins/reference ./plugins/qwen3 ./plugins/llama ./plugins/triton \
     ./plugins/fp8 ./plugins/awq ./plugins/outlines 2>&1 | tail -2
 export PYTHONPATH=/tmp/site2:/tmp/site

@@ -5,8 +5,8 @@
 set -uo pipefail
 PARTS="${1:-kernel,decode,w1,share}"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site2 \
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --upgrade --no-index --no-deps --no-build-isolation --target /tmp/site2 \
     ./sdk ./core ./plugins/reference ./plugins/qwen3 ./plugins/moe ./plugins/triton || exit 1
 export PYTHONPATH=/tmp/site2:/tmp/site PATH="/tmp/site/bin:$PATH"
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
