@@ -7,13 +7,13 @@ kernel and dequantized in the attention kernel with the layer's ``kv_scales``; T
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import triton
 from engine_sdk.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerConfig
+from engine_sdk.layers.split_k import num_multiprocessors
 
 from engine_triton.kernels import combine_splits_kernel, paged_attention_kernel, store_kv_kernel
 
@@ -36,11 +36,6 @@ class TritonMetadata:
     block_n: int
     num_warps: int
     kv_splits: int = 1  # decode only; see kernels.py
-
-
-@functools.lru_cache(maxsize=8)
-def _multiprocessors(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 def kv_splits(num_seqs: int, num_kv_heads: int, multiprocessors: int) -> int:
@@ -90,7 +85,7 @@ class TritonAttentionBackend(AttentionBackend):
             work_seq = torch.arange(batch.num_seqs, dtype=torch.int32, device=device)
             work_qblock = torch.zeros(batch.num_seqs, dtype=torch.int32, device=device)
             num_work = batch.num_seqs
-            sms = _multiprocessors(device.index or 0) if device.type == "cuda" else 4
+            sms = num_multiprocessors(device)
             splits = kv_splits(batch.num_seqs, self.config.num_kv_heads, sms)
             if splits > 1:
                 block_n = SPLIT_BLOCK_N
