@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["triton_available"]
+import os
+
+__all__ = ["quant_gemv_enabled", "triton_available"]
 
 
 def triton_available() -> bool:
@@ -12,3 +14,10 @@ def triton_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def quant_gemv_enabled() -> bool:
+    """Whether the quantization plugins' split-K decode GEMVs are on: only with
+    ``ENGINE_QUANT_GEMV=1`` (they have not yet been checked and timed on a GPU; until then
+    the GPU-tested GEMMs stay the default). Read when a plugin's method module loads."""
+    return os.environ.get("ENGINE_QUANT_GEMV") == "1"

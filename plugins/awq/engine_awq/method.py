@@ -41,13 +41,12 @@ not a multiple of 4) keeps the checkpoint layout and the reference path, also on
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 from engine_sdk.interfaces.quantization import QuantizationMethod
 from engine_sdk.layers.linear import share_merged
-from engine_sdk.runtime import triton_available
+from engine_sdk.runtime import quant_gemv_enabled, triton_available
 
 from engine_awq.packing import PACK_FACTOR, awq_dequantize
 from engine_awq.tiled import dequantize_tiled, pick_chunk, repack_tiled
@@ -61,10 +60,9 @@ __all__ = [
     "select_path",
 ]
 
-# split-K GEMV up to here (at most engine_awq.gemv.MAX_TOKENS). Off (0) unless ENGINE_QUANT_GEMV=1:
-# the kernel passes its tests on CPU (Triton's interpreter) but has not yet run on a GPU,
-# so the GPU-tested paths below stay the default until it is measured there.
-GEMV_MAX_TOKENS = 16 if os.environ.get("ENGINE_QUANT_GEMV") == "1" else 0
+# split-K GEMV up to here (at most engine_awq.gemv.MAX_TOKENS); 0 (off) unless
+# engine_sdk.runtime.quant_gemv_enabled(): the GPU-tested paths below stay the default.
+GEMV_MAX_TOKENS = 16 if quant_gemv_enabled() else 0
 GEMV_FMA_MAX_TOKENS = 1  # ... on CUDA cores up to here, tensor cores above (first guess)
 FMA_MAX_TOKENS = 4  # CUDA-core W4A16 GEMM up to here (below GEMV_MAX_TOKENS: not reached)
 DOT_MAX_TOKENS = 256  # tensor-core W4A16 up to here, then dequantize + dense matmul

@@ -48,14 +48,13 @@ larger scale would change every other layer's rounding).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
 from engine_sdk.interfaces.quantization import QuantizationMethod
 from engine_sdk.layers.linear import share_merged
-from engine_sdk.runtime import triton_available
+from engine_sdk.runtime import quant_gemv_enabled, triton_available
 
 from engine_fp8 import quant_ops
 
@@ -74,10 +73,9 @@ __all__ = [
 WEIGHT_STRATEGIES = ("tensor", "channel", "block")
 ACTIVATION_STRATEGIES = ("tensor", "token")
 FP8_MIN_CAPABILITY = 89
-# split-K GEMV up to here (at most engine_fp8.gemv.MAX_TOKENS). Off (0) unless ENGINE_QUANT_GEMV=1:
-# the kernel passes its tests on CPU (Triton's interpreter) but has not yet run on a GPU,
-# so the GPU-tested paths below stay the default until it is measured there.
-GEMV_MAX_TOKENS = 16 if os.environ.get("ENGINE_QUANT_GEMV") == "1" else 0
+# split-K GEMV up to here (at most engine_fp8.gemv.MAX_TOKENS); 0 (off) unless
+# engine_sdk.runtime.quant_gemv_enabled(): the GPU-tested paths below stay the default.
+GEMV_MAX_TOKENS = 16 if quant_gemv_enabled() else 0
 GEMV_FMA_MAX_TOKENS = 1  # ... on CUDA cores up to here, tensor cores above (first guess)
 W8A16_MAX_TOKENS = 16  # weight-only GEMM up to here when _scaled_mm could run
 W8A16_DENSE_MAX_TOKENS = 256  # ... and up to here when the alternative dequantizes

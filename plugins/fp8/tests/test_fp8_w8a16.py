@@ -209,19 +209,3 @@ def test_merged_w8a16_equals_concatenation(layout: str, ran: list[str]) -> None:
             got = merged(x).float()
         assert len(ran) == 1
         assert (got - want).abs().max().item() <= 2e-3 * want.abs().max().item()
-
-
-@pytest.mark.parametrize("env,limit", [(None, 0), ("1", GEMV_MAX_TOKENS), ("0", 0)])
-def test_split_k_gemv_is_opt_in_until_measured_on_a_gpu(env, limit) -> None:
-    """Only ENGINE_QUANT_GEMV=1 turns the split-K GEMV on (fresh interpreter per value)."""
-    import os
-    import subprocess
-    import sys
-
-    environ = {k: v for k, v in os.environ.items() if k != "ENGINE_QUANT_GEMV"}
-    if env is not None:
-        environ["ENGINE_QUANT_GEMV"] = env
-    code = "import engine_fp8.method as m; print(m.GEMV_MAX_TOKENS)"
-    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert int(out.stdout) == limit

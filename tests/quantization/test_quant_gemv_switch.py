@@ -1,0 +1,25 @@
+"""The quantization plugins' split-K decode GEMVs are opt-in: only ENGINE_QUANT_GEMV=1
+(``engine_sdk.runtime.quant_gemv_enabled``) gives them decode batches, in every plugin
+that has one (checked in a fresh interpreter per value: the limit is read at import)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+GEMV_MAX_TOKENS = 16  # the split-K GEMVs' limit when on
+
+
+@pytest.mark.parametrize("module", ["engine_awq.method", "engine_fp8.method"])
+@pytest.mark.parametrize("env,limit", [(None, 0), ("1", GEMV_MAX_TOKENS), ("0", 0)])
+def test_split_k_gemv_is_opt_in_until_measured_on_a_gpu(module, env, limit) -> None:
+    environ = {k: v for k, v in os.environ.items() if k != "ENGINE_QUANT_GEMV"}
+    if env is not None:
+        environ["ENGINE_QUANT_GEMV"] = env
+    code = f"import {module} as m; print(m.GEMV_MAX_TOKENS)"
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == limit
