@@ -32,6 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from side_by_side import sh  # benchmarks/ is sys.path[0] when run as a script
+
 HOME = Path(os.environ.get("HOME", "/root"))
 VENV = f"source {HOME}/v/env.sh"
 ENGINE_EXTRA: list[str] = []
@@ -82,21 +84,6 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             pass
 
 
-def run(cmd: str, log: Path, timeout: int = 400) -> tuple[int, str]:
-    log_cmd(cmd)
-    began = time.perf_counter()
-    try:
-        p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=timeout)
-        text, code = p.stdout + p.stderr, p.returncode
-    except subprocess.TimeoutExpired as exc:
-        text, code = f"{exc.stdout or ''}{exc.stderr or ''}\nTIMEOUT", 124
-    log.write_text(text)
-    print(f"  exit {code} in {time.perf_counter() - began:.0f} s", flush=True)
-    if code:
-        print("\n".join(text.splitlines()[-12:]), flush=True)
-    return code, text
-
-
 def engine_client(work: Path, name: str, port: int, conc: int, prompts: int) -> dict[str, Any]:
     result = work / f"{name}.json"
     cmd = (
@@ -105,7 +92,7 @@ def engine_client(work: Path, name: str, port: int, conc: int, prompts: int) -> 
         f"--output-len {LENGTHS['output_len']} --max-concurrency {conc} "
         f"--num-workers 4 --save-result {result}"
     )
-    code, _ = run(cmd, work / f"{name}.log")
+    code, _ = sh(cmd, work / f"{name}.log", 400)
     if code or not result.exists():
         return {"command": cmd, "exit": code}
     data = json.loads(result.read_text())
@@ -131,7 +118,7 @@ def vllm_client(
         f"--percentile-metrics ttft,tpot,itl --metric-percentiles 50,99 "
         f"--save-result --result-dir {work} --result-filename {name}.json)"
     )
-    code, text = run(cmd, work / f"{name}.log")
+    code, text = sh(cmd, work / f"{name}.log", 400)
     found: dict[str, Any] = {"command": cmd, "exit": code}
     path = work / f"{name}.json"
     if path.exists():
@@ -210,7 +197,7 @@ def offline_w1(work: Path, model: Path, prompts: int) -> dict[str, Any]:
         f"--input-len {LENGTHS['input_len']} --output-len {LENGTHS['output_len']} "
         f"--save-result {result} " + " ".join(ENGINE_EXTRA)
     )
-    code, _ = run(cmd, work / "w1_offline.log", 300)
+    code, _ = sh(cmd, work / "w1_offline.log", 300)
     if code or not result.exists():
         return {"command": cmd, "exit": code}
     return {"command": cmd, **json.loads(result.read_text())}
