@@ -80,21 +80,33 @@ def _recv_until(conn: Any, want: Any) -> list[tuple[Any, ...]]:
             return msgs
 
 
-def _drain(conn: Any) -> threading.Thread:
-    """Read ``conn`` until it closes, as an API server's reader thread does: the loop sends
-    every client every step's stats, so a client that stops reading fills its pipe and
-    blocks the loop's send."""
+class _Reader:
+    """Reads one client's pipe on a thread from the start, as an API server's reader thread
+    does: the loop sends every client every step's stats, so a client whose pipe nobody
+    reads (the test waiting on the other client) fills it and blocks the loop's send."""
 
-    def read() -> None:
+    def __init__(self, conn: Any) -> None:
+        self.msgs: list[tuple[Any, ...]] = []
+        self._changed = threading.Condition()
+        self._conn = conn
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
         try:
             while True:
-                conn.recv()
+                msg = self._conn.recv()
+                with self._changed:
+                    self.msgs.append(msg)
+                    self._changed.notify_all()
         except (EOFError, OSError):
             return
 
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    return thread
+    def until(self, want: Any) -> list[tuple[Any, ...]]:
+        """Every message so far, once ``want`` holds for them (10 s without a new one fails)."""
+        with self._changed:
+            while not want(self.msgs):
+                assert self._changed.wait(10), f"no message; had {self.msgs}"
+            return list(self.msgs)
 
 
 def _finished(msgs: list[tuple[Any, ...]]) -> set[str]:
@@ -106,22 +118,22 @@ def test_two_clients_get_their_own_updates_and_all_stats() -> None:
     (a, a_child), (b, b_child) = multiprocessing.Pipe(), multiprocessing.Pipe()
     loop = threading.Thread(target=_EngineLoop(engine, [a_child, b_child]).run, daemon=True)
     loop.start()
+    reader_a, reader_b = _Reader(a), _Reader(b)
     a.send(_add("r1"))
     # r1 has run a step (its stats reached a) before anything else happens
-    msgs_a = _recv_until(a, lambda ms: any(m[0] == "step" and m[1] for m in ms))
+    msgs_a = reader_a.until(lambda ms: any(m[0] == "step" and m[1] for m in ms))
     assert msgs_a[0] == ("added", "r1", None)
     b.send(_add("r2"))
     b.send(_add("r1"))  # already running for client a
-    msgs_b = _recv_until(b, lambda ms: any(m[0] == "added" and m[1] == "r1" for m in ms))
+    msgs_b = reader_b.until(lambda ms: any(m[0] == "added" and m[1] == "r1" for m in ms))
     refused = [m for m in msgs_b if m[0] == "added" and m[1] == "r1"]
     assert refused[0][2][0] == "invalid_request", msgs_b
     a.send(("abort", ["r1", "r2"]))  # r2 is not a's: only r1 ends
-    msgs_a += _recv_until(a, lambda ms: "r1" in _finished(ms))
+    msgs_a = reader_a.until(lambda ms: "r1" in _finished(ms))
     steps_a = [it.step for m in msgs_a if m[0] == "step" for it in m[4]]
     ids_a = {u[0] for m in msgs_a if m[0] == "step" for u in m[1]}
-    _drain(a)  # a's part is over; keep reading it so the loop never blocks on it
     b.send(("abort", ["r2"]))
-    msgs_b += _recv_until(b, lambda ms: "r2" in _finished(ms))
+    msgs_b = reader_b.until(lambda ms: "r2" in _finished(ms))
     ids_b = {u[0] for m in msgs_b if m[0] == "step" for u in m[1]}
     assert ids_a == {"r1"} and ids_b == {"r2"}
     assert ("added", "r2", None) in msgs_b
