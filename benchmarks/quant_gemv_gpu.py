@@ -283,13 +283,16 @@ def sweep(p: Projection, m: int, timer: Timer, deadline: float, smoke: bool) -> 
     return rows
 
 
+COLUMNS = ("bf16", "awq", "awq_old", "awq_fma", "awq_dot", "fp8c", "fp8c_old", "fp8c_fma",
+           "fp8c_dot", "fp8b", "fp8b_old")
+
+
 def _summary(speed: list[dict[str, Any]]) -> str:
     """Per row: ms and % of copy bandwidth of the defaults, and the old paths' ms."""
     out = []
     for r in speed:
         row = {k: r[k] for k in ("model", "proj", "tokens")}
-        for col in ("bf16", "awq", "awq_old", "awq_fma", "awq_dot", "fp8c", "fp8c_old",
-                    "fp8c_fma", "fp8c_dot", "fp8b", "fp8b_old"):  # fmt: skip
+        for col in COLUMNS:
             row[col] = r.get(col)
         for col in ("bf16", "awq", "fp8c", "fp8b"):
             gbps = r.get(f"{col}_GBps")
@@ -303,6 +306,8 @@ def main() -> int:
     parser.add_argument("--out", help="JSON file to write")
     parser.add_argument("--smoke", action="store_true", help="CPU, interpreter, tiny shapes")
     parser.add_argument("--sweep-s", type=float, default=150.0, help="sweep budget (0: skip)")
+    parser.add_argument("--tokens", help="token counts, comma-separated (default 1,2,4,8,16)")
+    parser.add_argument("--models", help="models to time, comma-separated (default: both)")
     args = parser.parse_args()
     if args.smoke:
         from engine_sdk.testing.triton_interpreter import enable
@@ -315,6 +320,10 @@ def main() -> int:
     else:
         device, shapes, tokens = torch.device("cuda"), SHAPES, TOKENS
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 references in float32
+    if args.tokens:
+        tokens = tuple(int(t) for t in args.tokens.split(","))
+    if args.models:
+        shapes = {name: shapes[name] for name in args.models.split(",")}
     import triton
 
     started = time.time()
@@ -330,6 +339,8 @@ def main() -> int:
                 for m in tokens:
                     base = {"model": model, "proj": name, "N": num_out, "K": num_in, "tokens": m}
                     speed.append({**base, **measure(p, m, timer, errors)})
+                    print("   ", m, {k: round(v, 4) for k, v in speed[-1].items()
+                                     if k in COLUMNS and v is not None}, flush=True)
                     timer.graphs.clear()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()

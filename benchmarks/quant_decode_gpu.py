@@ -1,0 +1,78 @@
+"""Batch-1 decode (W2: 128 in, 256 out) of bf16, FP8 and AWQ through ``engine bench``,
+with the quantized split-K GEMVs on and off, all in one run on the GPU machine.
+
+Run from the repository root with Engine importable (installed or on ``PYTHONPATH``)::
+
+    python3 benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --out $OUT/quant_decode.json
+    python3 benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b --out ...
+
+``--model`` is a Qwen3-0.6B-shaped folder (config and tokenizer; weights are dummy); the
+Llama-3.1-8B shape reuses its tokenizer. Online FP8 comes from ``--quantization fp8``, AWQ
+from a copy of the folder whose config declares AutoAWQ 4-bit (group 128). ``gemv`` rows
+set ``ENGINE_QUANT_GEMV=1``, ``old`` rows ``ENGINE_QUANT_GEMV=0``. The table gives ms per
+output token and the ratio to bf16 of the same shape (< 1: faster than bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from side_by_side import W2, engine, llama_dir
+from suite_extra import awq_variant
+
+# label -> (model kind, extra flags, ENGINE_QUANT_GEMV value or None)
+VARIANTS: list[tuple[str, str, list[str], str | None]] = [
+    ("bf16", "base", [], None),
+    ("fp8_gemv", "base", ["--quantization", "fp8"], "1"),
+    ("fp8_old", "base", ["--quantization", "fp8"], "0"),
+    ("awq_gemv", "awq", [], "1"),
+    ("awq_old", "awq", [], "0"),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True, help="Qwen3-0.6B-shaped folder")
+    parser.add_argument("--shapes", default="qwen06b,llama8b")
+    parser.add_argument("--variants", help="labels to run, comma-separated (default: all)")
+    parser.add_argument("--iters", default="3")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    work = Path("/tmp/quant_decode")
+    work.mkdir(exist_ok=True)
+    wanted = set(args.variants.split(",")) if args.variants else None
+    table: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    table["commit"] = os.environ.get("ENGINE_COMMIT", "")
+    for shape in args.shapes.split(","):
+        base = args.model if shape == "qwen06b" else llama_dir(work, args.model)
+        models = {"base": base, "awq": awq_variant(base)}
+        for label, kind, flags, gemv in VARIANTS:
+            if wanted and label not in wanted:
+                continue
+            if gemv is None:
+                os.environ.pop("ENGINE_QUANT_GEMV", None)
+            else:
+                os.environ["ENGINE_QUANT_GEMV"] = gemv
+            bench_args = [*flags, *W2, "--num-iters", args.iters, "--num-iters-warmup", "1"]
+            name = f"{shape}_{label}"
+            record = engine(work, name, "latency", models[kind], bench_args, False)
+            table[name] = {"env_ENGINE_QUANT_GEMV": gemv, **(record or {"failed": True})}
+            args.out.write_text(json.dumps(table, indent=1))
+    print(f"\n{'run':22s} {'ms/token':>9s} {'vs bf16':>8s}")
+    for shape in args.shapes.split(","):
+        ref = (table.get(f"{shape}_bf16") or {}).get("ms_per_output_token")
+        for label, *_ in VARIANTS:
+            ms = (table.get(f"{shape}_{label}") or {}).get("ms_per_output_token")
+            if ms is None:
+                continue
+            ratio = f"{ms / ref:.2f}" if ref else "-"
+            print(f"{shape + '_' + label:22s} {ms:9.3f} {ratio:>8s}")
+
+
+if __name__ == "__main__":
+    main()
