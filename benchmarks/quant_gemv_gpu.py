@@ -284,7 +284,7 @@ def sweep(p: Projection, m: int, timer: Timer, deadline: float, smoke: bool) -> 
 
 
 COLUMNS = ("bf16", "awq", "awq_old", "awq_fma", "awq_dot", "fp8c", "fp8c_old", "fp8c_fma",
-           "fp8c_dot", "fp8b", "fp8b_old")
+           "fp8c_dot", "fp8b", "fp8b_old")  # fmt: skip
 
 
 def _summary(speed: list[dict[str, Any]]) -> str:
@@ -339,8 +339,8 @@ def main() -> int:
                 for m in tokens:
                     base = {"model": model, "proj": name, "N": num_out, "K": num_in, "tokens": m}
                     speed.append({**base, **measure(p, m, timer, errors)})
-                    print("   ", m, {k: round(v, 4) for k, v in speed[-1].items()
-                                     if k in COLUMNS and v is not None}, flush=True)
+                    got = {k: round(v, 4) for k, v in speed[-1].items() if k in COLUMNS and v}
+                    print("   ", m, got, flush=True)
                     timer.graphs.clear()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
