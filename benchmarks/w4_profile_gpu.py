@@ -161,7 +161,7 @@ def main() -> None:
     for b in report["buckets"]:
         print(f"  {b['bucket']:28s} {b['seconds']:6.2f} s {100 * b['share']:5.1f}% "
               f"{b['steps']:5d} steps {b['ms_per_step']:7.3f} ms/step "
-              f"{b['seqs_per_step']:6.1f} seqs/step {b['tokens_per_step']:7.1f} tokens/step")  # fmt: skip
+              f"{b['seqs_per_step']:6.1f} seqs {b['tokens_per_step']:7.1f} tokens")  # fmt: skip
     if not args.no_profiler:
         sync()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
