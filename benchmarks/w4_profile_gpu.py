@@ -137,8 +137,7 @@ def main() -> None:
     requests = nano_vllm_requests(args.num_seqs, args.max_len, args.max_len)
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
     params = [
-        SamplingParams(temperature=0.6, max_tokens=r.output_len, ignore_eos=True)
-        for r in requests
+        SamplingParams(temperature=0.6, max_tokens=r.output_len, ignore_eos=True) for r in requests
     ]
     out_tokens = sum(r.output_len for r in requests)
     llm.generate(prompts[:16], params[:16], use_tqdm=False)  # warm-up
