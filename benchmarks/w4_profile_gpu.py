@@ -140,7 +140,8 @@ def main() -> None:
         SamplingParams(temperature=0.6, max_tokens=r.output_len, ignore_eos=True) for r in requests
     ]
     out_tokens = sum(r.output_len for r in requests)
-    llm.generate(prompts[:16], params[:16], use_tqdm=False)  # warm-up
+    warm = [{"prompt_token_ids": r.prompt_token_ids[::-1]} for r in requests[:16]]
+    llm.generate(warm, params[:16], use_tqdm=False)  # warm-up (other prompts: no cache hits)
     sync()
     timeline.rows.clear()
     timeline._last = 0.0
