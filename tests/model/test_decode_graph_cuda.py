@@ -63,6 +63,10 @@ def test_graph_decode_matches_eager(tiny_qwen3: Path, dtype: str, monkeypatch) -
             if name == "logprobs":
                 for w, g in zip(want, got, strict=True):
                     for lw, lg in zip(w.outputs[0].logprobs, g.outputs[0].logprobs, strict=True):
-                        assert lw.keys() == lg.keys()
+                        assert lg.token_id == lw.token_id and lg.rank == lw.rank
+                        tol = 1e-4 if dtype == "float32" else 3e-2  # bf16 logits rounding
+                        if dtype == "float32":  # bf16 rounding can swap near-tied runners-up
+                            assert lg.top_token_ids == lw.top_token_ids
+                        assert lg.logprob == pytest.approx(lw.logprob, abs=tol)
             plain = name == "greedy" and batch <= LOGITS_IN_GRAPH_MAX_BATCH
             assert bool(greedy_calls) == plain, (name, batch, greedy_calls)
