@@ -5,7 +5,8 @@
 Two runs of the W4 requests through the offline ``LLM`` (the same requests and sampling as
 ``engine bench throughput --dataset-name nano-vllm --temperature 0.6``), after a warm-up:
 
-1. **Step timeline** (no profiler): every engine step's wall time, attributed to the step
+1. **Step timeline** (no profiler; ``--runs`` times, to tell first-use costs such as
+   kernel compiles from the steady state): every engine step's wall time, attributed to the step
    it waited for, bucketed by what that step ran: prefill (any prompt tokens) or decode
    at batch 1-16, 17-64, 65-128 and 129-256. Sum of wall time, steps, and output tokens
    per bucket: which part of the run sets its length.
@@ -125,6 +126,8 @@ def main() -> None:
     parser.add_argument("--sync", action="store_true", help="--no-async-scheduling")
     parser.add_argument("--num-seqs", type=int, default=256)
     parser.add_argument("--max-len", type=int, default=1024, help="longest prompt and output")
+    parser.add_argument("--runs", type=int, default=2, help="timeline runs (then the profiler)")
+    parser.add_argument("--no-prefix-caching", action="store_true")
     args = parser.parse_args()
     timeline = StepTimeline()
     llm = LLM(
@@ -133,6 +136,7 @@ def main() -> None:
         dtype="bfloat16",
         max_model_len=4096,
         async_scheduling=not args.sync,
+        enable_prefix_caching=not args.no_prefix_caching,
     )
     requests = nano_vllm_requests(args.num_seqs, args.max_len, args.max_len)
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
@@ -142,26 +146,34 @@ def main() -> None:
     out_tokens = sum(r.output_len for r in requests)
     warm = [{"prompt_token_ids": r.prompt_token_ids[::-1]} for r in requests[:16]]
     llm.generate(warm, params[:16], use_tqdm=False)  # warm-up (other prompts: no cache hits)
-    sync()
-    timeline.rows.clear()
-    timeline._last = 0.0
-    start = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    wall = time.perf_counter() - start
-    report: dict[str, Any] = {
-        "model": args.model,
-        "async_scheduling": not args.sync,
-        "wall_s": wall,
-        "output_tokens_per_s": out_tokens / wall,
-        "steps": len(timeline.rows),
-        "buckets": timeline.summary(),
-    }
-    rate = out_tokens / wall
-    print(f"W4 wall {wall:.2f} s, {rate:,.0f} output tok/s, {len(timeline.rows)} steps")
-    for b in report["buckets"]:
-        print(f"  {b['bucket']:28s} {b['seconds']:6.2f} s {100 * b['share']:5.1f}% "
-              f"{b['steps']:5d} steps {b['ms_per_step']:7.3f} ms/step "
-              f"{b['seqs_per_step']:6.1f} seqs {b['tokens_per_step']:7.1f} tokens")  # fmt: skip
+    report: dict[str, Any] = {"model": args.model, "async_scheduling": not args.sync}
+    report["prefix_caching"] = not args.no_prefix_caching
+    report["runs"] = []
+    for run in range(args.runs):
+        sync()
+        timeline.rows.clear()
+        timeline._last = 0.0
+        start = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        rows = list(timeline.rows)
+        record = {
+            "wall_s": wall,
+            "output_tokens_per_s": out_tokens / wall,
+            "steps": len(rows),
+            "buckets": timeline.summary(),
+            "prefill_steps_ms": [(round(1000 * r[0], 2), *r[1:]) for r in rows if r[3]],
+            "slowest_steps_ms": sorted((round(1000 * r[0], 2), *r[1:]) for r in rows)[-8:],
+        }
+        report["runs"].append(record)
+        print(f"W4 run {run}: wall {wall:.2f} s, {out_tokens / wall:,.0f} output tok/s, "
+              f"{len(rows)} steps")  # fmt: skip
+        for b in record["buckets"]:
+            print(f"  {b['bucket']:28s} {b['seconds']:6.2f} s {100 * b['share']:5.1f}% "
+                  f"{b['steps']:5d} steps {b['ms_per_step']:7.3f} ms/step "
+                  f"{b['seqs_per_step']:6.1f} seqs {b['tokens_per_step']:7.1f} tokens")  # fmt: skip
+        print("  prefill steps (ms, seqs, tokens, prompt tokens):", record["prefill_steps_ms"])
+        print("  slowest steps:", record["slowest_steps_ms"])
     if not args.no_profiler:
         sync()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
