@@ -17,7 +17,7 @@ def triton_available() -> bool:
 
 
 def quant_gemv_enabled() -> bool:
-    """Whether the quantization plugins' split-K decode GEMVs are on: only with
-    ``ENGINE_QUANT_GEMV=1`` (they have not yet been checked and timed on a GPU; until then
-    the GPU-tested GEMMs stay the default). Read when a plugin's method module loads."""
-    return os.environ.get("ENGINE_QUANT_GEMV") == "1"
+    """Whether the quantization plugins' split-K decode GEMVs are on: yes unless
+    ``ENGINE_QUANT_GEMV=0`` (which keeps decode batches on the older W4A16 / W8A16 GEMMs,
+    for comparisons). Read when a plugin's method module loads."""
+    return os.environ.get("ENGINE_QUANT_GEMV", "1") != "0"

@@ -1,6 +1,7 @@
-"""The quantization plugins' split-K decode GEMVs are opt-in: only ENGINE_QUANT_GEMV=1
-(``engine_sdk.runtime.quant_gemv_enabled``) gives them decode batches, in every plugin
-that has one (checked in a fresh interpreter per value: the limit is read at import)."""
+"""The quantization plugins' split-K decode GEMVs take decode batches by default (they beat
+the older GEMMs on the H200, 2026-12-04); ENGINE_QUANT_GEMV=0
+(``engine_sdk.runtime.quant_gemv_enabled``) turns them off in every plugin that has one
+(checked in a fresh interpreter per value: the limit is read at import)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ GEMV_MAX_TOKENS = 16  # the split-K GEMVs' limit when on
 
 
 @pytest.mark.parametrize("module", ["engine_awq.method", "engine_fp8.method"])
-@pytest.mark.parametrize("env,limit", [(None, 0), ("1", GEMV_MAX_TOKENS), ("0", 0)])
-def test_split_k_gemv_is_opt_in_until_measured_on_a_gpu(module, env, limit) -> None:
+@pytest.mark.parametrize("env,limit", [(None, GEMV_MAX_TOKENS), ("1", GEMV_MAX_TOKENS), ("0", 0)])
+def test_split_k_gemv_is_the_default_and_env_zero_turns_it_off(module, env, limit) -> None:
     environ = {k: v for k, v in os.environ.items() if k != "ENGINE_QUANT_GEMV"}
     if env is not None:
         environ["ENGINE_QUANT_GEMV"] = env

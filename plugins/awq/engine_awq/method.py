@@ -60,8 +60,8 @@ __all__ = [
     "select_path",
 ]
 
-# split-K GEMV up to here (at most engine_awq.gemv.MAX_TOKENS); 0 (off) unless
-# engine_sdk.runtime.quant_gemv_enabled(): the GPU-tested paths below stay the default.
+# split-K GEMV up to here (at most engine_awq.gemv.MAX_TOKENS); 0 (off) when
+# engine_sdk.runtime.quant_gemv_enabled() says no (ENGINE_QUANT_GEMV=0).
 GEMV_MAX_TOKENS = 16 if quant_gemv_enabled() else 0
 GEMV_FMA_MAX_TOKENS = 1  # ... on CUDA cores up to here, tensor cores above (first guess)
 FMA_MAX_TOKENS = 4  # CUDA-core W4A16 GEMM up to here (below GEMV_MAX_TOKENS: not reached)

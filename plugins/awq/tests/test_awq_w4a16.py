@@ -16,7 +16,7 @@ from engine_awq.w4a16 import GemmConfig, awq_w4a16_dequantize, awq_w4a16_gemm
 from engine_sdk.layers.linear import Linear
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-GEMV_MAX_TOKENS = 16  # the split-K GEMV's limit with ENGINE_QUANT_GEMV=1
+GEMV_MAX_TOKENS = 16  # the split-K GEMV's limit (the default; ENGINE_QUANT_GEMV=0: 0)
 CONFIG = {"quant_method": "awq", "bits": 4, "zero_point": True, "version": "gemm"}
 
 
@@ -210,7 +210,7 @@ def test_layer_picks_the_path_by_tokens(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(w4a16, "awq_w4a16_gemm", gemm)
     monkeypatch.setattr(w4a16, "awq_w4a16_dequantize", dequant)
     monkeypatch.setattr(gemv, "awq_gemv", gemv_spy)
-    monkeypatch.setattr(method, "GEMV_MAX_TOKENS", GEMV_MAX_TOKENS)  # ENGINE_QUANT_GEMV=1
+    monkeypatch.setattr(method, "GEMV_MAX_TOKENS", GEMV_MAX_TOKENS)  # as by default
     cases = [(1, "gemv"), (GEMV_MAX_TOKENS, "gemv"), (GEMV_MAX_TOKENS + 1, "dot")]
     cases += [(DOT_MAX_TOKENS + 1, "dequant")]
     for num_tokens, path in cases:

@@ -73,8 +73,8 @@ __all__ = [
 WEIGHT_STRATEGIES = ("tensor", "channel", "block")
 ACTIVATION_STRATEGIES = ("tensor", "token")
 FP8_MIN_CAPABILITY = 89
-# split-K GEMV up to here (at most engine_fp8.gemv.MAX_TOKENS); 0 (off) unless
-# engine_sdk.runtime.quant_gemv_enabled(): the GPU-tested paths below stay the default.
+# split-K GEMV up to here (at most engine_fp8.gemv.MAX_TOKENS); 0 (off) when
+# engine_sdk.runtime.quant_gemv_enabled() says no (ENGINE_QUANT_GEMV=0).
 GEMV_MAX_TOKENS = 16 if quant_gemv_enabled() else 0
 GEMV_FMA_MAX_TOKENS = 1  # ... on CUDA cores up to here, tensor cores above (first guess)
 W8A16_MAX_TOKENS = 16  # weight-only GEMM up to here when _scaled_mm could run

@@ -153,14 +153,14 @@ def ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-GEMV_MAX_TOKENS = 16  # the split-K GEMV's limit with ENGINE_QUANT_GEMV=1
+GEMV_MAX_TOKENS = 16  # the split-K GEMV's limit (the default; ENGINE_QUANT_GEMV=0: 0)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layer_picks_w8a16_for_decode(
     layout: str, ran: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(method, "GEMV_MAX_TOKENS", GEMV_MAX_TOKENS)  # ENGINE_QUANT_GEMV=1
+    monkeypatch.setattr(method, "GEMV_MAX_TOKENS", GEMV_MAX_TOKENS)  # as by default
     (layer,) = _layers(layout, ((64, 1.0),))
     dense = layout == "fp8_block"  # no _scaled_mm path: W8A16 up to the dense limit
     big = (W8A16_DENSE_MAX_TOKENS if dense else W8A16_MAX_TOKENS) + 1
