@@ -78,7 +78,9 @@ def store_kv_kernel(
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# stride_bt is the widest block table of the step: it changes from step to step, and Triton
+# would compile a variant per value class (1, multiple of 16, other) in the middle of a run.
+@triton.jit(do_not_specialize=["stride_bt"])
 def paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
