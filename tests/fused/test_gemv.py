@@ -87,3 +87,63 @@ def test_use_gemv_declines_what_it_cannot_run(monkeypatch):
     assert not gemv.use_gemv(x[:, None, :], w)
     monkeypatch.setenv("ENGINE_GEMV", "0")
     assert not gemv.use_gemv(x, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "rows,n,k,bias,tiles",
+    [
+        (1, 33, 70, False, None),  # K not a multiple of anything: gate/up boundary unaligned
+        (3, 24, 1030, True, (4, 256, 4)),  # several K chunks, a partial last one
+        (4, 17, 96, False, (1, 32, 4)),
+    ],
+)
+def test_gemv_silu_mul_equals_activation_then_gemv(rows, n, k, bias, tiles, dtype):
+    """One launch over [gate | up] gives exactly what the activation kernel followed by
+    the GEMV gives (same float32 math, same rounding of the hidden row)."""
+    from engine_sdk.layers import fused_ops
+
+    gen = torch.Generator().manual_seed(rows * 7 + n + k)
+    gate_up = (torch.randn(rows, 2 * k, generator=gen) * 3).to(dtype).to(DEVICE)
+    w = torch.randn(n, k, generator=gen).to(dtype).to(DEVICE)
+    b = torch.randn(n, generator=gen).to(dtype).to(DEVICE) if bias else None
+    want = gemv.gemv(fused_ops.silu_and_mul_merged(gate_up), w, b, tiles)
+    got = gemv.gemv_silu_mul(gate_up, w, b, tiles)
+    assert got.shape == (rows, n) and got.dtype == dtype
+    assert torch.equal(got, want)
+    hidden = torch.nn.functional.silu(gate_up[:, :k].float()) * gate_up[:, k:].float()
+    ref = hidden @ w.float().T + (b.float() if b is not None else 0)
+    torch.testing.assert_close(got.float(), ref, atol=0.05 * float(ref.abs().max()), rtol=0)
+
+
+def test_gated_mlp_takes_the_silu_mul_gemv_at_decode_only(monkeypatch):
+    """A merged silu MLP runs gemv_silu_mul for a decode row (and matches the unfused
+    forward), the activation kernel and the down GEMV otherwise; a LoRA on down_proj or
+    ENGINE_GEMV=0 keeps the unfused path."""
+    from engine_sdk.layers.activation import GatedMLP
+
+    torch.manual_seed(0)
+    mlp = GatedMLP(64, 96, params_dtype=torch.bfloat16).to(DEVICE)
+    for p in mlp.parameters():
+        p.data = (torch.randn_like(p, dtype=torch.float32) * 0.1).to(p.dtype)
+    mlp.merge_projections()
+    calls = []
+    original = gemv.gemv_silu_mul
+
+    def recording(*args, **kwargs):
+        calls.append(args[0].shape[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gemv, "gemv_silu_mul", recording)
+    x = torch.randn(1, 64).to(torch.bfloat16).to(DEVICE)
+    fused = mlp(x)
+    assert calls == [1]
+    monkeypatch.setenv("ENGINE_GEMV", "0")
+    unfused = mlp(x)
+    assert calls == [1]
+    torch.testing.assert_close(fused.float(), unfused.float(), atol=0.02, rtol=0.02)
+    monkeypatch.setenv("ENGINE_GEMV", "force" if DEVICE == "cpu" else "1")
+    mlp(torch.randn(gemv.MAX_ROWS + 1, 64).to(torch.bfloat16).to(DEVICE))
+    assert calls == [1]
+    mlp.down_proj.lora = object()  # type: ignore[assignment]  # any adapter: LoRA needs x
+    assert mlp._down_silu_mul(mlp.gate_up_proj(x)) is None

@@ -13,6 +13,10 @@ loaded tile for all activation rows::
 the shape, ``ENGINE_GEMV`` not ``0``); ``ENGINE_GEMV=force`` also runs it on the CPU
 through Triton's interpreter (tests). The tile sizes come from ``pick_tiles``.
 
+``gemv_silu_mul`` is the same product over ``silu(gate) * up`` of a merged gate/up
+output: a gated MLP's down projection takes the activation in its loads (one launch and
+one tensor less per layer at decode; ``use_gemv_silu_mul`` decides).
+
 Measured on an H200 (``benchmarks/decode_kernels_gpu.py --sweep``, 2026-12-04, weights
 read from HBM, inside CUDA graphs), microseconds, cuBLAS -> this kernel:
 
@@ -29,7 +33,15 @@ import os
 
 import torch
 
-__all__ = ["MAX_ROWS", "gemv", "pick_tiles", "prefer_gemv", "use_gemv"]
+__all__ = [
+    "MAX_ROWS",
+    "gemv",
+    "gemv_silu_mul",
+    "pick_tiles",
+    "prefer_gemv",
+    "use_gemv",
+    "use_gemv_silu_mul",
+]
 
 MAX_ROWS = 4  # rows at or below which the GEMV may replace the library GEMM
 SMALL_WEIGHT_BYTES = 16 * 2**20  # above this, cuBLAS keeps 2..MAX_ROWS rows
@@ -51,6 +63,18 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     # Shape first: most calls (prefill, large batches) stop here without an environ lookup.
     if x.dim() != 2 or weight.dim() != 2 or x.shape[0] > MAX_ROWS:
         return False
+    return _runs(x, weight)
+
+
+def use_gemv_silu_mul(gate_up: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``gemv_silu_mul`` runs for ``gate_up`` [M, 2K] and ``weight`` [N, K]."""
+    if gate_up.dim() != 2 or weight.dim() != 2 or gate_up.shape[0] > MAX_ROWS:
+        return False
+    return gate_up.shape[1] == 2 * weight.shape[1] and _runs(gate_up, weight)
+
+
+def _runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The checks after the shape: switch, measured preference, device, dtypes, strides."""
     mode = os.environ.get("ENGINE_GEMV", "1")
     if mode == "0":
         return False
@@ -89,10 +113,32 @@ def gemv(
     tiles: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` for ``x`` [M, K] (M at most ``MAX_ROWS``), ``weight`` [N, K]."""
+    return _launch(x, weight, bias, tiles, silu_mul=False)
+
+
+def gemv_silu_mul(
+    gate_up: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    tiles: tuple[int, int, int] | None = None,
+) -> torch.Tensor:
+    """``(silu(gate) * up) @ weight.T + bias`` for ``gate_up`` = ``[gate | up]`` [M, 2K]
+    (M at most ``MAX_ROWS``), ``weight`` [N, K]; equal to ``silu_and_mul_merged`` then
+    ``gemv``."""
+    return _launch(gate_up, weight, bias, tiles, silu_mul=True)
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    tiles: tuple[int, int, int] | None,
+    silu_mul: bool,
+) -> torch.Tensor:
     kernel = _kernel()
     assert kernel is not None
-    num_rows, k = x.shape
-    n = weight.shape[0]
+    num_rows = x.shape[0]
+    n, k = weight.shape
     out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = tiles or pick_tiles(n, k)
     block_m = max(1, 1 << (num_rows - 1).bit_length())
@@ -100,6 +146,6 @@ def gemv(
         x, weight, bias if bias is not None else weight, out, num_rows, n, k,
         x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps,
+        SILU_MUL=silu_mul, num_warps=warps,
     )  # fmt: skip
     return out
