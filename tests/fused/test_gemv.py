@@ -147,3 +147,78 @@ def test_gated_mlp_takes_the_silu_mul_gemv_at_decode_only(monkeypatch):
     assert calls == [1]
     mlp.down_proj.lora = object()  # type: ignore[assignment]  # any adapter: LoRA needs x
     assert mlp._down_silu_mul(mlp.gate_up_proj(x)) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "rows,n,k,bias", [(1, 33, 70, False), (3, 24, 1030, True), (4, 9, 256, False)]
+)
+def test_gemv_add_rms_norm_equals_norm_then_gemv(rows, n, k, bias, dtype):
+    """One launch gives the projection of rms_norm(x + residual) and the new residual:
+    the residual bit for bit, the output as add_rms_norm followed by the GEMV."""
+    from engine_sdk.layers import fused_ops
+
+    gen = torch.Generator().manual_seed(rows * 11 + n + k)
+    x = (torch.randn(rows, k, generator=gen) * 2).to(dtype).to(DEVICE)
+    residual = torch.randn(rows, k, generator=gen).to(dtype).to(DEVICE)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype).to(DEVICE)
+    w = torch.randn(n, k, generator=gen).to(dtype).to(DEVICE)
+    b = torch.randn(n, generator=gen).to(dtype).to(DEVICE) if bias else None
+    normed, want_res = fused_ops.add_rms_norm(x, residual, norm_w, 1e-6)
+    want = gemv.gemv(normed, w, b, (2, max(16, 1 << (k - 1).bit_length()), 4))
+    got, got_res = gemv.gemv_add_rms_norm(x, residual, norm_w, 1e-6, w, b)
+    assert got.shape == (rows, n) and got.dtype == dtype and got_res.shape == (rows, k)
+    assert torch.equal(got_res, want_res)
+    # the variance's float32 sum may be ordered differently: an ulp of a normalized value
+    tol = 4 * torch.finfo(dtype).eps * (normed.float().abs() @ w.float().abs().T)
+    assert bool(((got.float() - want.float()).abs() <= tol + 1e-3).all())
+
+
+def test_decoder_takes_the_norm_gemv_and_silu_gemv_at_decode(monkeypatch, tmp_path):
+    """One token (a decode-shaped row) through a tiny Qwen3 built from the SDK's generic
+    decoder runs gemv_add_rms_norm for q/k/v (every layer but the first, whose norm has
+    no residual yet) and gate/up, and gemv_silu_mul for down; the logits equal the
+    unfused path's (ENGINE_GEMV=0)."""
+    from engine_sdk.testing import model_parity
+    from engine_sdk.testing.dense_attention import DenseAttentionBackend
+    from engine_sdk.testing.models import build_tiny_model
+    from engine_sdk.testing.quantized_model import MODEL_CLASSES
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    model_dir = build_tiny_model(tmp_path, "Qwen3ForCausalLM")
+    config = AutoConfig.from_pretrained(str(model_dir))
+    weights = load_file(str(model_dir / "model.safetensors")).items()
+    model = model_parity.load_float32_model(
+        MODEL_CLASSES["Qwen3ForCausalLM"], config, weights, DenseAttentionBackend
+    )
+    model = model.to(device=DEVICE, dtype=torch.bfloat16)
+    for layer in model.model.layers:
+        layer.self_attn.merge_projections()
+        layer.mlp.merge_projections()
+    calls = {"norm": 0, "silu": 0}
+    norm_fn, silu_fn = gemv.gemv_add_rms_norm, gemv.gemv_silu_mul
+
+    def norm(*args, **kwargs):
+        calls["norm"] += 1
+        return norm_fn(*args, **kwargs)
+
+    def silu(*args, **kwargs):
+        calls["silu"] += 1
+        return silu_fn(*args, **kwargs)
+
+    monkeypatch.setattr(gemv, "gemv_add_rms_norm", norm)
+    monkeypatch.setattr(gemv, "gemv_silu_mul", silu)
+    attn = model.model.layers[0].self_attn
+    kv = (attn.num_kv_heads, attn.head_dim)
+    num_layers = len(model.model.layers)
+
+    def logits() -> torch.Tensor:
+        return model_parity.model_prefill_logits(model, [42], DenseAttentionBackend, kv).float()
+
+    fused = logits()
+    assert calls == {"norm": 2 * num_layers - 1, "silu": num_layers}
+    monkeypatch.setenv("ENGINE_GEMV", "0")
+    unfused = logits()
+    assert calls == {"norm": 2 * num_layers - 1, "silu": num_layers}
+    torch.testing.assert_close(fused, unfused, atol=0.05, rtol=0.05)

@@ -61,3 +61,51 @@ def gemv_kernel(
         acc.to(out_ptr.dtype.element_ty),
         mask=(offs_m[:, None] < M) & n_ok[None, :],
     )
+
+
+@triton.jit
+def gemv_add_rms_norm_kernel(
+    x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr,
+    M, N, K, eps,
+    stride_xm, stride_rm, stride_wn, stride_om, stride_sm,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """``gemv_kernel`` over ``rms_norm(x + r) * nw`` for a whole row in one tile
+    (``K <= BLOCK_K``): each program forms the sum and its norm itself (a row is a few KB,
+    read from L2) and program 0 stores the sum, the new residual. The roundings are those
+    of ``add_rms_norm_kernel``: the sum to the dtype, the normalized value to the dtype,
+    then times the weight, rounded."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_ok = offs_n < N
+    k_ok = offs_k < K
+    w = tl.load(
+        w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
+        mask=n_ok[:, None] & k_ok[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for m in tl.static_range(BLOCK_M):
+        row_ok = k_ok & (m < M)
+        x = tl.load(x_ptr + m * stride_xm + offs_k, mask=row_ok, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + m * stride_rm + offs_k, mask=row_ok, other=0.0).to(tl.float32)
+        s = (x + r).to(res_ptr.dtype.element_ty)
+        tl.store(res_ptr + m * stride_sm + offs_k, s, mask=row_ok & (pid == 0))
+        s32 = s.to(tl.float32)
+        var = tl.sum(s32 * s32, 0) / K
+        y = (s32 * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty).to(tl.float32)
+        h = (y * nw).to(out_ptr.dtype.element_ty).to(tl.float32)
+        part = tl.sum(w * h[None, :], axis=1)
+        acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(
+        out_ptrs,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=(offs_m[:, None] < M) & n_ok[None, :],
+    )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine_sdk.layers import fused_ops, gemv
-from engine_sdk.layers.linear import Linear, UnquantizedLinearMethod, merge_linears
+from engine_sdk.layers.linear import Linear, is_plain_linear, merge_linears
 
 if TYPE_CHECKING:
     from engine_sdk.interfaces.quantization import QuantizationConfig
@@ -76,32 +76,32 @@ class GatedMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
-            gate_up = self.gate_up_proj(x)
-            fused = self._down_silu_mul(gate_up)
-            if fused is not None:
-                return fused
-            if self.hidden_act != "silu":
-                gate, up = gate_up.chunk(2, dim=-1)
-                hidden = act_and_mul(gate, up, self.hidden_act)
-            elif fused_ops.enabled(gate_up):
-                hidden = fused_ops.silu_and_mul_merged(gate_up)
-            else:
-                gate, up = gate_up.chunk(2, dim=-1)
-                hidden = torch.nn.functional.silu(gate) * up
+            return self.forward_gate_up(self.gate_up_proj(x))
+        hidden = act_and_mul(self.gate_proj(x), self.up_proj(x), self.hidden_act)
+        out: torch.Tensor = self.down_proj(hidden)
+        return out
+
+    def forward_gate_up(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The rest of ``forward`` from the merged gate/up output (a caller that computed
+        it with a fused kernel continues here)."""
+        fused = self._down_silu_mul(gate_up)
+        if fused is not None:
+            return fused
+        if self.hidden_act != "silu":
+            gate, up = gate_up.chunk(2, dim=-1)
+            hidden = act_and_mul(gate, up, self.hidden_act)
+        elif fused_ops.enabled(gate_up):
+            hidden = fused_ops.silu_and_mul_merged(gate_up)
         else:
-            hidden = act_and_mul(self.gate_proj(x), self.up_proj(x), self.hidden_act)
+            gate, up = gate_up.chunk(2, dim=-1)
+            hidden = torch.nn.functional.silu(gate) * up
         out: torch.Tensor = self.down_proj(hidden)
         return out
 
     def _down_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
         """``down_proj(silu(gate) * up)`` as one GEMV when it applies, else None."""
         down = self.down_proj
-        if (
-            self.hidden_act != "silu"
-            or down.lora is not None
-            or type(down).forward is not Linear.forward
-            or type(down.quant_method) is not UnquantizedLinearMethod
-        ):
+        if self.hidden_act != "silu" or not is_plain_linear(down):
             return None
         weight: torch.Tensor = down.weight  # type: ignore[assignment]
         if not gemv.use_gemv_silu_mul(gate_up, weight):

@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 import torch
 
 from engine_sdk.interfaces.model import ModelArchitecture, ModelContext
-from engine_sdk.layers import fused_ops
+from engine_sdk.layers import fused_ops, gemv
 from engine_sdk.layers.activation import GatedMLP
 from engine_sdk.layers.attention import KV_SCALE_SUFFIXES, Attention, load_kv_scale
 from engine_sdk.layers.embedding import LMHead, VocabEmbedding
-from engine_sdk.layers.linear import Linear, merge_linears
+from engine_sdk.layers.linear import Linear, is_plain_linear, merge_linears
 from engine_sdk.layers.norm import RMSNorm
 from engine_sdk.layers.parallel import (
     ColumnParallelLinear,
@@ -152,12 +152,28 @@ class DecoderAttention(torch.nn.Module):
         kv_cache: torch.Tensor,
         attn_metadata: Any,
     ) -> torch.Tensor:
+        if self.qkv_proj is not None:
+            return self.forward_qkv(self.qkv_proj(hidden_states), cos_sin, kv_cache, attn_metadata)
         num_tokens = hidden_states.shape[0]
+        q2 = self.q_proj(hidden_states)
+        k2, v2 = self.k_proj(hidden_states), self.v_proj(hidden_states)
+        return self._attend(q2, k2, v2, num_tokens, cos_sin, kv_cache, attn_metadata)
+
+    def forward_qkv(
+        self,
+        qkv: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, ...],
+        kv_cache: torch.Tensor,
+        attn_metadata: Any,
+    ) -> torch.Tensor:
+        """The rest of ``forward`` from the merged q/k/v output (a caller that computed it
+        with a fused kernel continues here)."""
+        num_tokens = qkv.shape[0]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         cos, sin = cos_sin
-        if self.qkv_proj is not None and self._fuse_qkv_epilogue(hidden_states, cos):
+        if self._fuse_qkv_epilogue(qkv, cos):
             q, k, v = fused_ops.qkv_norm_rope(
-                self.qkv_proj(hidden_states),
+                qkv,
                 self.num_heads,
                 self.num_kv_heads,
                 None if self.q_norm is None else self.q_norm.weight,
@@ -169,11 +185,21 @@ class DecoderAttention(torch.nn.Module):
             out = self.attn(q, k, v, kv_cache, attn_metadata)
             fused: torch.Tensor = self.o_proj(out)
             return fused
-        if self.qkv_proj is not None:
-            q2, k2, v2 = self.qkv_proj(hidden_states).split([q_size, kv_size, kv_size], dim=-1)
-        else:
-            q2 = self.q_proj(hidden_states)
-            k2, v2 = self.k_proj(hidden_states), self.v_proj(hidden_states)
+        q2, k2 = qkv[..., :q_size], qkv[..., q_size : q_size + kv_size]
+        v2 = qkv[..., q_size + kv_size :]
+        return self._attend(q2, k2, v2, num_tokens, cos_sin, kv_cache, attn_metadata)
+
+    def _attend(
+        self,
+        q2: torch.Tensor,
+        k2: torch.Tensor,
+        v2: torch.Tensor,
+        num_tokens: int,
+        cos_sin: tuple[torch.Tensor, ...],
+        kv_cache: torch.Tensor,
+        attn_metadata: Any,
+    ) -> torch.Tensor:
+        cos, sin = cos_sin
         q = q2.view(num_tokens, self.num_heads, self.head_dim)
         k = k2.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v2.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -220,15 +246,48 @@ class DecoderLayer(torch.nn.Module):
         attn_metadata: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(block output, residual stream)``: the residual add is left to the next norm
-        (``add_forward``), which fuses it; the first layer gets ``residual=None``."""
+        (``add_forward``), which fuses it; the first layer gets ``residual=None``. At decode
+        the add and the norm run inside the next projection's GEMV where they can
+        (``_norm_then_gemv``)."""
+        attn, mlp = self.self_attn, self.mlp
         if residual is None:
             residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
+            hidden_states = attn(
+                self.input_layernorm(hidden_states), cos_sin, kv_cache, attn_metadata
+            )
         else:
-            hidden_states, residual = self.input_layernorm.add_forward(hidden_states, residual)
-        hidden_states = self.self_attn(hidden_states, cos_sin, kv_cache, attn_metadata)
+            pair = None
+            if type(attn).forward is DecoderAttention.forward:
+                pair = _norm_then_gemv(self.input_layernorm, attn.qkv_proj, hidden_states, residual)
+            if pair is not None:
+                qkv, residual = pair
+                hidden_states = attn.forward_qkv(qkv, cos_sin, kv_cache, attn_metadata)
+            else:
+                hidden_states, residual = self.input_layernorm.add_forward(hidden_states, residual)
+                hidden_states = attn(hidden_states, cos_sin, kv_cache, attn_metadata)
+        if isinstance(mlp, GatedMLP) and type(mlp).forward is GatedMLP.forward:
+            pair = _norm_then_gemv(
+                self.post_attention_layernorm, mlp.gate_up_proj, hidden_states, residual
+            )
+            if pair is not None:
+                gate_up, residual = pair
+                return mlp.forward_gate_up(gate_up), residual
         hidden_states, residual = self.post_attention_layernorm.add_forward(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        return mlp(hidden_states), residual
+
+
+def _norm_then_gemv(
+    norm: torch.nn.Module, proj: Linear | None, x: torch.Tensor, residual: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(proj(norm(x + residual)), x + residual)`` as one GEMV (``gemv_add_rms_norm``)
+    for a plain RMSNorm followed by a plain projection at a few rows; else None."""
+    if type(norm) is not RMSNorm or proj is None or not is_plain_linear(proj):
+        return None
+    weight: torch.Tensor = proj.weight  # type: ignore[assignment]
+    if not gemv.use_gemv_add_rms_norm(x, residual, weight):
+        return None
+    assert isinstance(norm, RMSNorm)
+    return gemv.gemv_add_rms_norm(x, residual, norm.weight, norm.eps, weight, proj.bias)
 
 
 class DecoderModel(torch.nn.Module):

@@ -15,7 +15,10 @@ through Triton's interpreter (tests). The tile sizes come from ``pick_tiles``.
 
 ``gemv_silu_mul`` is the same product over ``silu(gate) * up`` of a merged gate/up
 output: a gated MLP's down projection takes the activation in its loads (one launch and
-one tensor less per layer at decode; ``use_gemv_silu_mul`` decides).
+one tensor less per layer at decode; ``use_gemv_silu_mul`` decides). ``gemv_add_rms_norm``
+likewise takes the decoder's residual add and RMSNorm into its loads: the projection after
+a norm (q/k/v, gate/up) reads the block output and the residual, and returns the new
+residual too (``use_gemv_add_rms_norm``: rows of at most ``NORM_MAX_K`` elements).
 
 Measured on an H200 (``benchmarks/decode_kernels_gpu.py --sweep``, 2026-12-04, weights
 read from HBM, inside CUDA graphs), microseconds, cuBLAS -> this kernel:
@@ -35,16 +38,20 @@ import torch
 
 __all__ = [
     "MAX_ROWS",
+    "NORM_MAX_K",
     "gemv",
+    "gemv_add_rms_norm",
     "gemv_silu_mul",
     "pick_tiles",
     "prefer_gemv",
     "use_gemv",
+    "use_gemv_add_rms_norm",
     "use_gemv_silu_mul",
 ]
 
 MAX_ROWS = 4  # rows at or below which the GEMV may replace the library GEMM
 SMALL_WEIGHT_BYTES = 16 * 2**20  # above this, cuBLAS keeps 2..MAX_ROWS rows
+NORM_MAX_K = 4096  # gemv_add_rms_norm holds a whole row in one tile
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -55,6 +62,13 @@ def _kernel() -> object | None:
     except ImportError:
         return None
     kernel: object = gemv_kernel
+    return kernel
+
+
+def _norm_kernel() -> object:
+    from engine_sdk.layers._gemv_kernels import gemv_add_rms_norm_kernel
+
+    kernel: object = gemv_add_rms_norm_kernel
     return kernel
 
 
@@ -71,6 +85,15 @@ def use_gemv_silu_mul(gate_up: torch.Tensor, weight: torch.Tensor) -> bool:
     if gate_up.dim() != 2 or weight.dim() != 2 or gate_up.shape[0] > MAX_ROWS:
         return False
     return gate_up.shape[1] == 2 * weight.shape[1] and _runs(gate_up, weight)
+
+
+def use_gemv_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``gemv_add_rms_norm`` runs for block output ``x`` and ``residual`` [M, K]."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[0] > MAX_ROWS:
+        return False
+    if x.shape[1] > NORM_MAX_K or residual.shape != x.shape or residual.stride(1) != 1:
+        return False
+    return weight.shape[1] == x.shape[1] and residual.dtype == x.dtype and _runs(x, weight)
 
 
 def _runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -126,6 +149,33 @@ def gemv_silu_mul(
     (M at most ``MAX_ROWS``), ``weight`` [N, K]; equal to ``silu_and_mul_merged`` then
     ``gemv``."""
     return _launch(gate_up, weight, bias, tiles, silu_mul=True)
+
+
+def gemv_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x + residual) * norm_weight) @ weight.T + bias`` and ``x + residual``
+    (the new residual), for ``x`` and ``residual`` [M, K] with K at most ``NORM_MAX_K``;
+    equal to ``add_rms_norm`` then ``gemv``."""
+    num_rows, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
+    new_residual = torch.empty(num_rows, k, dtype=x.dtype, device=x.device)
+    block_k = max(16, 1 << (k - 1).bit_length())
+    block_m = max(1, 1 << (num_rows - 1).bit_length())
+    _norm_kernel()[(-(-n // 2),)](  # type: ignore[index]
+        x, residual, norm_weight, weight, bias if bias is not None else weight, out, new_residual,
+        num_rows, n, k, eps,
+        x.stride(0), residual.stride(0), weight.stride(0), out.stride(0), new_residual.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=2, BLOCK_K=block_k,
+        num_warps=4 if block_k <= 2048 else 8,
+    )  # fmt: skip
+    return out, new_residual
 
 
 def _launch(

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from engine_sdk.interfaces.quantization import QuantizationConfig
     from engine_sdk.layers.lora import LoRALayer
 
-__all__ = ["Linear", "UnquantizedLinearMethod", "merge_linears", "share_merged"]
+__all__ = ["Linear", "UnquantizedLinearMethod", "is_plain_linear", "merge_linears", "share_merged"]
 
 
 class UnquantizedLinearMethod(QuantizationMethod):
@@ -102,6 +102,18 @@ class Linear(torch.nn.Module):
     def extra_repr(self) -> str:
         method = type(self.quant_method).__name__
         return f"in={self.input_size}, out={self.output_size}, method={method}"
+
+
+def is_plain_linear(layer: torch.nn.Module | None) -> bool:
+    """Whether ``layer(x)`` is just ``x @ layer.weight.T + layer.bias``: a ``Linear`` with
+    its own forward, an unquantized weight and no LoRA. Fused decode kernels (``gemv``'s
+    ``gemv_silu_mul`` and ``gemv_add_rms_norm``) may then read its weight themselves."""
+    return (
+        isinstance(layer, Linear)
+        and type(layer).forward is Linear.forward
+        and layer.lora is None
+        and type(layer.quant_method) is UnquantizedLinearMethod
+    )
 
 
 def merge_linears(layers: list[Linear]) -> Linear | None:
