@@ -8,7 +8,11 @@ Every kernel is timed inside a CUDA graph of ``--reps`` calls (launch cost as in
 engine's decode graph), rotating over enough weight copies that the L2 cache (50 MB on
 an H200) cannot hold them, so each call reads its weight from HBM as a layer of a real
 model does. Results are checked against float32 references. ``--sweep`` also times every
-tile choice of the GEMV and prints the best per shape.
+tile choice of the GEMV and prints the best per shape. ``--parts fused`` times the fused
+decode GEMVs against the two kernels each replaces: ``gemv_add_rms_norm`` (residual add
+and RMSNorm in the q/k/v and gate/up GEMVs) against ``add_rms_norm`` + ``gemv``, and
+``gemv_silu_mul`` (the down GEMV over [gate | up]) against ``silu_and_mul_merged`` +
+``gemv``, at one row.
 """
 
 from __future__ import annotations
@@ -166,21 +170,72 @@ def bench_attention(reps: int) -> list[dict[str, Any]]:
     return out
 
 
+FUSED = {  # name: (N, K, kind)
+    "0.6b.qkv+norm": (4096, 1024, "norm"),
+    "0.6b.gate_up+norm": (6144, 1024, "norm"),
+    "0.6b.down+silu": (1024, 3072, "silu"),
+    "8b.qkv+norm": (6144, 4096, "norm"),
+    "8b.gate_up+norm": (28672, 4096, "norm"),
+    "8b.down+silu": (4096, 14336, "silu"),
+}
+
+
+def _fused_pair(kind: str, k: int, weights: list[torch.Tensor]) -> tuple[Any, Any]:
+    """(the two kernels, the fused one) as functions of the weight copy's index."""
+    from engine_sdk.layers import fused_ops, gemv
+
+    if kind == "norm":
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        res = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        nw = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+        return (
+            lambda i: gemv.gemv(fused_ops.add_rms_norm(x, res, nw, 1e-6)[0], weights[i]),
+            lambda i: gemv.gemv_add_rms_norm(x, res, nw, 1e-6, weights[i])[0],
+        )
+    gate_up = torch.randn(1, 2 * k, device="cuda", dtype=torch.bfloat16)
+    return (
+        lambda i: gemv.gemv(fused_ops.silu_and_mul_merged(gate_up), weights[i]),
+        lambda i: gemv.gemv_silu_mul(gate_up, weights[i]),
+    )
+
+
+def bench_fused(reps: int) -> list[dict[str, Any]]:
+    out = []
+    for name, (n, k, kind) in FUSED.items():
+        copies = max(2, -(-200 * 2**20 // (n * k * 2)))
+        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        two, one = _fused_pair(kind, k, weights)
+        diff = (one(0).float() - two(0).float()).abs().max().item()
+        t_two, t_one = graph_time_us(two, copies, reps), graph_time_us(one, copies, reps)
+        row = {"shape": name, "n": n, "k": k, "two_kernels_us": t_two, "fused_us": t_one,
+               "max_diff": diff}  # fmt: skip
+        print(f"{name:18s} two kernels {t_two:7.2f} us  fused {t_one:7.2f} us  diff {diff:.3g}",
+              flush=True)  # fmt: skip
+        out.append(row)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rows", default="1,2,4")
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--parts", default="gemv,attention", help="gemv, attention, fused")
     args = parser.parse_args()
+    parts = args.parts.split(",")
     torch.manual_seed(0)
     report = {
         "device": torch.cuda.get_device_name(),
         "date": time.strftime("%Y-%m-%d"),
         "command": "python3 benchmarks/decode_kernels_gpu.py " + ("--sweep" if args.sweep else ""),
-        "gemv": bench_gemv([int(r) for r in args.rows.split(",")], args.reps, args.sweep),
-        "attention": bench_attention(args.reps),
     }
+    if "gemv" in parts:
+        report["gemv"] = bench_gemv([int(r) for r in args.rows.split(",")], args.reps, args.sweep)
+    if "attention" in parts:
+        report["attention"] = bench_attention(args.reps)
+    if "fused" in parts:
+        report["fused"] = bench_fused(args.reps)
     args.out.write_text(json.dumps(report, indent=1))
 
 
