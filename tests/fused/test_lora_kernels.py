@@ -35,7 +35,9 @@ def _loop_shrink(x, a, slots):
 
 @pytest.mark.parametrize("blocked", [False, True], ids=["per-token", "blocked"])
 @pytest.mark.parametrize(
-    ("num_tokens", "k", "r", "num_slots"), [(1, 64, 8, 1), (7, 100, 16, 3), (37, 40, 48, 2)]
+    ("num_tokens", "k", "r", "num_slots"),
+    # the last two: the per-token shrink splits K (1000, 520) into parts
+    [(1, 64, 8, 1), (7, 100, 16, 3), (37, 40, 48, 2), (1, 1000, 48, 4), (2, 700, 16, 3)],
 )
 def test_shrink_triton_matches_reference(num_tokens, k, r, num_slots, blocked):
     x, a, slots = _case(num_tokens, k, r, num_slots)

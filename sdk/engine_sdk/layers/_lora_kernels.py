@@ -4,23 +4,32 @@
 BGMV-style: every token reads its own adapter slot (``token_slots[t]``; -1: no adapter,
 the program writes zeros or returns at once), so one launch serves a batch that mixes
 adapters and base requests, and the slot index comes from a device buffer (CUDA graphs
-replay it)::
+replay it).
 
-    shrink: program t          h[t, 0:S*R]   = x[t, 0:K] @ A[slot_t, 0:S*R, 0:K].T  (float32)
-    expand: program (t, j)     y[t, n0:n1]  += h[t, s*R:(s+1)*R] @ B[slot_t, n0:n1, 0:R].T
+The decode shrink splits its work three ways, so that one token still runs on many
+multiprocessors: token ``t``, a block ``b`` of ``BLOCK_R`` (16) rank rows ``r0:r1`` and
+a part ``p`` of the reduction ``K``. Each program writes its partial product (float32)
+into ``parts``, zeros for a slot -1 token (no memset, no atomics: deterministic); the
+expand adds the ``P`` parts as it loads its block of ``h`` (``R`` floats per part), so a
+projection stays two launches::
 
-One launch each, whatever the number of slices ``S`` of a merged projection (q/k/v: 3,
-gate/up: 2); ``R`` is the padded rank of one slice. The shrink covers every slice at once
-(``A`` stacks them). The expand's column tiles ``j`` are numbered across the slices, each
-tile inside one slice, so a program finds its slice ``s`` and columns ``n0:n1`` from the
-slice starts (a device tensor, ``[S + 1]``) and reads that slice's rank block of ``h``::
+    shrink: program (t, b, p)  parts[p, t, r0:r1] = x[t, kp] @ A[slot_t, r0:r1, kp].T
+                               kp = p*K_PER_PART : (p+1)*K_PER_PART   (last part: to K)
+    expand: program (t, j)     h_s = sum_p parts[p, t, s*R:(s+1)*R]
+                               y[t, n0:n1] += h_s @ B[slot_t, n0:n1, 0:R].T
+
+``A`` stacks the ``S`` slices of a merged projection (q/k/v: 3, gate/up: 2) as ``S*R``
+rows, ``R`` the padded rank of one slice; ``h`` (the sum of the parts) has ``S*R``
+columns. The expand's column tiles ``j`` are numbered across the slices, each tile inside
+one slice, so a program finds its slice ``s`` and columns ``n0:n1`` from the slice starts
+(a device tensor, ``[S + 1]``) and reads that slice's rank block of ``h``::
 
     columns   | q 0 .. 2047          | k 2048 .. 3071 | v 3072 .. 4095 |   starts 0 2048 3072 4096
     tiles j   | 0 .. 15              | 16 .. 23       | 24 .. 31       |   (BLOCK_N = 128)
     h columns | 0 .. R-1             | R .. 2R-1      | 2R .. 3R-1     |
 
 A slice whose size is not a multiple of ``BLOCK_N`` ends with a partial tile (masked); no
-tile spans two slices.
+tile spans two slices. A plain ``h`` ``[T, S*R]`` is one part.
 """
 
 from __future__ import annotations
@@ -31,29 +40,35 @@ import triton.language as tl
 
 @triton.jit
 def lora_shrink_kernel(
-    x_ptr, a_ptr, h_ptr, slots_ptr,
-    K, R,
-    stride_xt, stride_as, stride_ar, stride_ht,
+    x_ptr, a_ptr, parts_ptr, slots_ptr,
+    K, R, K_PER_PART,
+    stride_xt, stride_as, stride_ar, stride_pp, stride_pt,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)
+    offs_r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    part = tl.program_id(2)
+    out_ptrs = parts_ptr + part * stride_pp + t * stride_pt + offs_r
     slot = tl.load(slots_ptr + t)
-    offs_r = tl.arange(0, BLOCK_R)
-    acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    if slot < 0:  # h is not zeroed beforehand (one launch less): write the zeros here
-        tl.store(h_ptr + t * stride_ht + offs_r, acc, mask=offs_r < R)
+    if slot < 0:  # parts are not zeroed beforehand (one launch less): write the zeros here
+        tl.store(out_ptrs, tl.zeros((BLOCK_R,), dtype=tl.float32), mask=offs_r < R)
         return
     a_base = a_ptr + slot.to(tl.int64) * stride_as
-    for k0 in range(0, K, BLOCK_K):
+    k_start = part * K_PER_PART
+    k_end = tl.minimum(k_start + K_PER_PART, K)
+    # a 2-D accumulator: one cross-lane reduction at the end, not one per K step
+    acc = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + t * stride_xt + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+        mask_k = offs_k < k_end
+        x = tl.load(x_ptr + t * stride_xt + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         a = tl.load(
             a_base + offs_r[:, None] * stride_ar + offs_k[None, :],
-            mask=(offs_r[:, None] < R) & (offs_k[None, :] < K),
+            mask=(offs_r[:, None] < R) & mask_k[None, :],
             other=0.0,
         ).to(tl.float32)
-        acc += tl.sum(a * x[None, :], axis=1)
-    tl.store(h_ptr + t * stride_ht + offs_r, acc, mask=offs_r < R)
+        acc += a * x[None, :]
+    tl.store(out_ptrs, tl.sum(acc, axis=1), mask=offs_r < R)
 
 
 @triton.jit
@@ -81,9 +96,10 @@ def _slice_tile(starts_ptr, N, j, NUM_SLICES: tl.constexpr, BLOCK_N: tl.constexp
 @triton.jit
 def lora_expand_kernel(
     h_ptr, b_ptr, y_ptr, slots_ptr, starts_ptr,
-    N, R,
-    stride_ht, stride_bs, stride_bn, stride_yt,
+    N, R, NUM_PARTS,
+    stride_hp, stride_ht, stride_bs, stride_bn, stride_yt,
     NUM_SLICES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)
     slot = tl.load(slots_ptr + t)
@@ -92,7 +108,13 @@ def lora_expand_kernel(
     s, n0, n1 = _slice_tile(starts_ptr, N, tl.program_id(1), NUM_SLICES, BLOCK_N)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BLOCK_R)
-    h = tl.load(h_ptr + t * stride_ht + s * R + offs_r, mask=offs_r < R, other=0.0)
+    offs_p = tl.arange(0, BLOCK_P)  # the shrink's parts, added here: one load, one sum
+    h = tl.load(
+        h_ptr + offs_p[:, None] * stride_hp + t * stride_ht + s * R + offs_r[None, :],
+        mask=(offs_p[:, None] < NUM_PARTS) & (offs_r[None, :] < R),
+        other=0.0,
+    )
+    h = tl.sum(h, axis=0)
     b = tl.load(
         b_ptr + slot.to(tl.int64) * stride_bs + offs_n[:, None] * stride_bn + offs_r[None, :],
         mask=(offs_n[:, None] < n1) & (offs_r[None, :] < R),
@@ -104,7 +126,7 @@ def lora_expand_kernel(
     tl.store(y_ptrs, (y.to(tl.float32) + out).to(y.dtype), mask=offs_n < n1)
 
 
-# -- blocked versions for many tokens (prefill chunks) ----------------------------------------
+# -- blocked versions for many tokens (prefill chunks; one part) ------------------------------
 #
 # SGMV-style: a program takes BLOCK_M consecutive tokens. Tokens of one request are
 # consecutive in a step, so most blocks hold one slot; for each slot present in the block

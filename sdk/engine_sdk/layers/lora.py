@@ -20,6 +20,9 @@ slices, each slice's columns from its own rank block of ``h`` (:class:`LoRASlice
 
 On CUDA the Triton kernels (``_lora_kernels``) run; elsewhere the torch reference, which
 loops over the (few) slots with masks: no host sync, so it is also safe in a CUDA graph.
+At decode the kernels' shrink splits ``K`` into parts (enough programs for the GPU) and
+the expand adds them (``parts [P, T, S*R]`` float32, sum over ``P`` = ``h``): two launches
+per projection, every size from the shapes.
 ``ENGINE_LORA_KERNELS=0`` keeps CUDA on the reference, ``=force`` runs the kernels on the
 CPU too (Triton's interpreter, for tests).
 """
@@ -143,8 +146,12 @@ class LoRALayer:
         y = y if y.is_contiguous() else y.contiguous()
         y2 = y.view(-1, y.shape[-1])
         slots = self.context.token_slots[: x2.shape[0]]
-        h = lora_shrink(x2, self.lora_a, slots)
-        lora_expand(y2, h, self.lora_b, slots, self.slices)
+        if _use_kernels(x2):  # two launches: the expand adds the shrink's K parts itself
+            parts = lora_shrink_triton(x2, self.lora_a, slots, parts=True)
+            lora_expand_triton(y2, parts, self.lora_b, slots, self.slices)
+        else:
+            h = lora_shrink_reference(x2, self.lora_a, slots)
+            lora_expand_reference(y2, h, self.lora_b, slots, self.slices)
         return y
 
 
@@ -248,44 +255,83 @@ def _block(n: int, least: int = 16) -> int:
 
 
 # From this many tokens (prefill chunks) the blocked kernels run: BLOCK_M tokens per
-# program read each slot's weights once; below it (decode) one program per token keeps
-# every SM busy. ``blocked=None`` picks by this threshold (tests force either).
+# program read each slot's weights once; below it (decode) the per-token kernels, whose
+# shrink splits K into parts to keep every SM busy. ``blocked=None`` picks by this
+# threshold (tests force either).
 BLOCKED_MIN_TOKENS = 128
 _BLOCK_M = 16
+# the per-token shrink: rank rows and K columns of one program's tile
+_SHRINK_BLOCK_R = 16
+_SHRINK_BLOCK_K = 128
 
 
 def _dot_precision(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float32 else None  # fp32: no tf32 rounding
 
 
+def _shrink_split(
+    num_tokens: int, k: int, r: int, device: torch.device, num_parts: int | None = None
+) -> tuple[int, int, int]:
+    """``(parts, BLOCK_K, K per part)`` of the per-token shrink: about one program per
+    multiprocessor (``num_tokens * cdiv(r, 16)`` programs per part), at most one part per
+    ``BLOCK_K`` step of ``K``, no part empty; ``num_parts`` asks for a count (tests)::
+
+        1 token, K 3072, r 16, 132 SMs  ->  24 parts of 128      64 tokens, r 48  ->  1 part
+    """
+    from engine_sdk.layers import split_k
+
+    block_k = min(_block(k, 32), _SHRINK_BLOCK_K)
+    programs = num_tokens * -(-r // _SHRINK_BLOCK_R)
+    if num_parts is None:
+        num_parts = -(-split_k.num_multiprocessors(device) // max(programs, 1))
+    parts, steps_per_part = split_k.pick_split(1, -(-k // block_k), num_parts)
+    return parts, block_k, steps_per_part * block_k
+
+
 def lora_shrink_triton(
-    x: torch.Tensor, lora_a: torch.Tensor, slots: torch.Tensor, blocked: bool | None = None
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    slots: torch.Tensor,
+    blocked: bool | None = None,
+    *,
+    parts: bool = False,
+    num_parts: int | None = None,
 ) -> torch.Tensor:
+    """``h[t] = x[t] @ lora_a[slots[t]].T`` (float32) through the kernels.
+
+    ``parts=True`` returns the partial products ``[P, T, R]`` instead, whose sum over ``P``
+    is ``h``: what :func:`lora_expand_triton` takes, adding them as it reads ``h`` (no
+    reduce launch). The blocked kernel gives one part; the per-token kernel
+    ``_shrink_split``'s count, or ``num_parts`` (at most one per ``BLOCK_K`` step of K)."""
     from engine_sdk.layers._lora_kernels import lora_shrink_blocked_kernel, lora_shrink_kernel
 
     assert x.stride(-1) == 1 and lora_a.stride(-1) == 1
     num_tokens, k = x.shape
     r = lora_a.shape[1]
-    # empty, not zeros: both kernels write every row (zeros for slot -1), one launch less
-    h = torch.empty(num_tokens, r, dtype=torch.float32, device=x.device)
-    if num_tokens == 0:
-        return h
     if blocked if blocked is not None else num_tokens >= BLOCKED_MIN_TOKENS:
-        lora_shrink_blocked_kernel[(-(-num_tokens // _BLOCK_M),)](
-            x, lora_a, h, slots,
-            num_tokens, k, r, lora_a.shape[0],
-            x.stride(0), lora_a.stride(0), lora_a.stride(1), h.stride(0),
-            BLOCK_M=_BLOCK_M, BLOCK_R=_block(r), BLOCK_K=64,
-            DOT_PRECISION=_dot_precision(x.dtype),
+        # empty, not zeros: the kernels write every row (zeros for slot -1), one launch less
+        h = torch.empty(num_tokens, r, dtype=torch.float32, device=x.device)
+        if num_tokens > 0:
+            lora_shrink_blocked_kernel[(-(-num_tokens // _BLOCK_M),)](
+                x, lora_a, h, slots,
+                num_tokens, k, r, lora_a.shape[0],
+                x.stride(0), lora_a.stride(0), lora_a.stride(1), h.stride(0),
+                BLOCK_M=_BLOCK_M, BLOCK_R=_block(r), BLOCK_K=64,
+                DOT_PRECISION=_dot_precision(x.dtype),
+            )  # fmt: skip
+        return h.unsqueeze(0) if parts else h
+    split, block_k, k_per_part = _shrink_split(num_tokens, k, r, x.device, num_parts)
+    out = torch.empty(split, num_tokens, r, dtype=torch.float32, device=x.device)
+    if num_tokens > 0:
+        lora_shrink_kernel[(num_tokens, -(-r // _SHRINK_BLOCK_R), split)](
+            x, lora_a, out, slots,
+            k, r, k_per_part,
+            x.stride(0), lora_a.stride(0), lora_a.stride(1), out.stride(0), out.stride(1),
+            BLOCK_R=_SHRINK_BLOCK_R, BLOCK_K=block_k,
         )  # fmt: skip
-        return h
-    lora_shrink_kernel[(num_tokens,)](
-        x, lora_a, h, slots,
-        k, r,
-        x.stride(0), lora_a.stride(0), lora_a.stride(1), h.stride(0),
-        BLOCK_R=_block(r), BLOCK_K=min(_block(k, 32), 256),
-    )  # fmt: skip
-    return h
+    if parts:
+        return out
+    return out[0] if split == 1 else out.sum(0)
 
 
 def lora_expand_triton(
@@ -297,13 +343,15 @@ def lora_expand_triton(
     blocked: bool | None = None,
 ) -> None:
     """One launch over every slice (see ``_lora_kernels``): the column tiles of all slices
-    in the grid's second axis, each program finding its slice from ``slices.starts``."""
+    in the grid's second axis, each program finding its slice from ``slices.starts``.
+    ``h`` is ``[T, S*R]`` or the shrink's parts ``[P, T, S*R]`` (summed over ``P``)."""
     from engine_sdk.layers._lora_kernels import lora_expand_blocked_kernel, lora_expand_kernel
 
-    assert y.stride(-1) == 1 and h.stride(-1) == 1 and lora_b.stride(-1) == 1
+    parts = h if h.dim() == 3 else h.unsqueeze(0)
+    assert y.stride(-1) == 1 and parts.stride(-1) == 1 and lora_b.stride(-1) == 1
     num_tokens, n = y.shape
     sizes = slices.sizes if slices is not None else (n,)
-    r = _slice_rank(y, h, lora_b, sizes)
+    r = _slice_rank(y, parts[0], lora_b, sizes)
     if num_tokens == 0:
         return
     block_n = min(_block(max(sizes), 32), 128)
@@ -311,19 +359,23 @@ def lora_expand_triton(
     # one slice: the kernel never reads the starts (any pointer does)
     starts = slices.starts if slices is not None and len(sizes) > 1 else slots
     if blocked if blocked is not None else num_tokens >= BLOCKED_MIN_TOKENS:
+        # the blocked shrink gives one part; a per-token shrink's parts are added first
+        h2 = parts[0] if parts.shape[0] == 1 else parts.sum(0)
         lora_expand_blocked_kernel[(-(-num_tokens // _BLOCK_M), num_tiles)](
-            h, lora_b, y, slots, starts,
+            h2, lora_b, y, slots, starts,
             num_tokens, n, r, lora_b.shape[0],
-            h.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
+            h2.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
             NUM_SLICES=len(sizes), BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_R=_block(r),
             DOT_PRECISION=_dot_precision(lora_b.dtype),
         )  # fmt: skip
         return
+    num_parts = parts.shape[0]
     lora_expand_kernel[(num_tokens, num_tiles)](
-        h, lora_b, y, slots, starts,
-        n, r,
-        h.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
+        parts, lora_b, y, slots, starts,
+        n, r, num_parts,
+        parts.stride(0), parts.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0),
         NUM_SLICES=len(sizes), BLOCK_N=block_n, BLOCK_R=_block(r),
+        BLOCK_P=_block(num_parts, 1),
     )  # fmt: skip
 
 
