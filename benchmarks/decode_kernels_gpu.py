@@ -9,10 +9,8 @@ engine's decode graph), rotating over enough weight copies that the L2 cache (50
 an H200) cannot hold them, so each call reads its weight from HBM as a layer of a real
 model does. Results are checked against float32 references. ``--sweep`` also times every
 tile choice of the GEMV and prints the best per shape. ``--parts fused`` times the fused
-decode GEMVs against the two kernels each replaces: ``gemv_add_rms_norm`` (residual add
-and RMSNorm in the q/k/v and gate/up GEMVs) against ``add_rms_norm`` + ``gemv``, and
-``gemv_silu_mul`` (the down GEMV over [gate | up]) against ``silu_and_mul_merged`` +
-``gemv``, at one row.
+decode GEMV ``gemv_add_rms_norm`` (residual add and RMSNorm in the q/k/v and gate/up
+GEMVs) against ``add_rms_norm`` + ``gemv``, at one row.
 """
 
 from __future__ import annotations
@@ -170,41 +168,33 @@ def bench_attention(reps: int) -> list[dict[str, Any]]:
     return out
 
 
-FUSED = {  # name: (N, K, kind)
-    "0.6b.qkv+norm": (4096, 1024, "norm"),
-    "0.6b.gate_up+norm": (6144, 1024, "norm"),
-    "0.6b.down+silu": (1024, 3072, "silu"),
-    "8b.qkv+norm": (6144, 4096, "norm"),
-    "8b.gate_up+norm": (28672, 4096, "norm"),
-    "8b.down+silu": (4096, 14336, "silu"),
+FUSED = {  # name: (N, K)
+    "0.6b.qkv+norm": (4096, 1024),
+    "0.6b.gate_up+norm": (6144, 1024),
+    "8b.qkv+norm": (6144, 4096),
+    "8b.gate_up+norm": (28672, 4096),
 }
 
 
-def _fused_pair(kind: str, k: int, weights: list[torch.Tensor]) -> tuple[Any, Any]:
+def _fused_pair(k: int, weights: list[torch.Tensor]) -> tuple[Any, Any]:
     """(the two kernels, the fused one) as functions of the weight copy's index."""
     from engine_sdk.layers import fused_ops, gemv
 
-    if kind == "norm":
-        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        res = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        nw = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
-        return (
-            lambda i: gemv.gemv(fused_ops.add_rms_norm(x, res, nw, 1e-6)[0], weights[i]),
-            lambda i: gemv.gemv_add_rms_norm(x, res, nw, 1e-6, weights[i])[0],
-        )
-    gate_up = torch.randn(1, 2 * k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    res = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    nw = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
     return (
-        lambda i: gemv.gemv(fused_ops.silu_and_mul_merged(gate_up), weights[i]),
-        lambda i: gemv.gemv_silu_mul(gate_up, weights[i]),
+        lambda i: gemv.gemv(fused_ops.add_rms_norm(x, res, nw, 1e-6)[0], weights[i]),
+        lambda i: gemv.gemv_add_rms_norm(x, res, nw, 1e-6, weights[i])[0],
     )
 
 
 def bench_fused(reps: int) -> list[dict[str, Any]]:
     out = []
-    for name, (n, k, kind) in FUSED.items():
+    for name, (n, k) in FUSED.items():
         copies = max(2, -(-200 * 2**20 // (n * k * 2)))
         weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-        two, one = _fused_pair(kind, k, weights)
+        two, one = _fused_pair(k, weights)
         diff = (one(0).float() - two(0).float()).abs().max().item()
         t_two, t_one = graph_time_us(two, copies, reps), graph_time_us(one, copies, reps)
         row = {"shape": name, "n": n, "k": k, "two_kernels_us": t_two, "fused_us": t_one,

@@ -45,9 +45,13 @@ def test_reduce_adds_parts_bias_and_casts(bias: bool) -> None:
     torch.testing.assert_close(out.double(), want.to(out.device), rtol=1e-3, atol=1e-3)
 
 
-def test_plan_split_k() -> None:
+def test_plan_split_k(monkeypatch) -> None:
+    import engine_sdk.layers.split_k as split_k
+
+    # 4 multiprocessors (a CPU's stand-in; on a GPU the real count would change the plan):
+    # 2 per SM over 2 tiles wants 4 parts of 10 steps.
+    monkeypatch.setattr(split_k, "num_multiprocessors", lambda device: 4)
     x = torch.zeros(3, 64, dtype=torch.float16, device=DEVICE)
-    # On a CPU 4 multiprocessors: 2 per SM over 2 tiles wants 4 parts of 10 steps.
     plan = plan_split_k(x, 40, 2, 10, 2)
     assert (plan.split, plan.steps_per_split) == (4, 3)
     assert plan.out.shape == (3, 40) and plan.out.dtype == torch.float16

@@ -1,9 +1,7 @@
 """Gated MLP: ``down(act(gate(x)) * up(x))``, the Llama / Qwen / Gemma feed-forward block.
 
 ``act`` is SiLU (Llama, Qwen, Phi-3, Mistral: fused on CUDA) or GELU with the tanh
-approximation (Gemma's ``gelu_pytorch_tanh``). At decode (a few rows, an unquantized
-``down_proj`` without LoRA) SiLU-and-multiply runs inside the down projection's GEMV
-(``gemv.gemv_silu_mul``): same result, one launch less per layer.
+approximation (Gemma's ``gelu_pytorch_tanh``).
 """
 
 from __future__ import annotations
@@ -12,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine_sdk.layers import fused_ops, gemv
-from engine_sdk.layers.linear import Linear, is_plain_linear, merge_linears
+from engine_sdk.layers import fused_ops
+from engine_sdk.layers.linear import Linear, merge_linears
 
 if TYPE_CHECKING:
     from engine_sdk.interfaces.quantization import QuantizationConfig
@@ -84,9 +82,6 @@ class GatedMLP(torch.nn.Module):
     def forward_gate_up(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The rest of ``forward`` from the merged gate/up output (a caller that computed
         it with a fused kernel continues here)."""
-        fused = self._down_silu_mul(gate_up)
-        if fused is not None:
-            return fused
         if self.hidden_act != "silu":
             gate, up = gate_up.chunk(2, dim=-1)
             hidden = act_and_mul(gate, up, self.hidden_act)
@@ -97,13 +92,3 @@ class GatedMLP(torch.nn.Module):
             hidden = torch.nn.functional.silu(gate) * up
         out: torch.Tensor = self.down_proj(hidden)
         return out
-
-    def _down_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
-        """``down_proj(silu(gate) * up)`` as one GEMV when it applies, else None."""
-        down = self.down_proj
-        if self.hidden_act != "silu" or not is_plain_linear(down):
-            return None
-        weight: torch.Tensor = down.weight  # type: ignore[assignment]
-        if not gemv.use_gemv_silu_mul(gate_up, weight):
-            return None
-        return gemv.gemv_silu_mul(gate_up, weight, down.bias)
