@@ -240,6 +240,8 @@ def print_table(results: dict[str, Any]) -> None:
         ("base_lora_on", "W1 base requests, LoRA on"),
         ("mixed", "W1 4 adapters + base, round-robin"),
     ):
+        if key not in w1:  # part not run
+            continue
         r = w1.get(key)
         value = "failed" if r is None else f"{r['output_tokens_per_s']:.0f}"
         ratio = f"{r['output_tokens_per_s'] / base:.0%} of base" if r and base else ""
@@ -251,6 +253,8 @@ def print_table(results: dict[str, Any]) -> None:
         ("base_lora_on", "batch-1 decode, base request, LoRA on"),
         ("adapter", "batch-1 decode, one adapter"),
     ):
+        if key not in lat:
+            continue
         r = lat.get(key)
         value = "failed" if r is None else f"{r['ms_per_output_token']:.3f}"
         ratio = f"{r['ms_per_output_token'] / base_ms:.2f}x base" if r and base_ms else ""
@@ -265,8 +269,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--num-prompts", type=int, default=1024)
     parser.add_argument("--quick", action="store_true", help="fewer prompts and shapes")
+    parser.add_argument("--parts", default="kernels,w1,decode", help="which parts, in order")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    parts = args.parts.split(",")
     if args.worker is not None:
         result = worker(json.loads(args.worker.read_text()))
         args.out.write_text(json.dumps(result))
@@ -284,29 +290,36 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "num_prompts": num_prompts,
     }
-    results["kernels"] = part_kernels(args.quick)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if "kernels" in parts:
+        results["kernels"] = part_kernels(args.quick)
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
         root = Path(tmp)
         model = make_model(root)
         adapters = [str(make_adapter(root, f"a{i}", i)) for i in range(NUM_ADAPTERS)]
         common = {"model": str(model), "adapters": adapters}
-        results["w1"] = {}
-        for name, lora, requests in (
+        w1_runs = (
             ("base", False, "base"), ("base_lora_on", True, "base"), ("mixed", True, "mixed"),
-        ):  # fmt: skip
+        ) if "w1" in parts else ()  # fmt: skip
+        results["w1"] = {}
+        for name, lora, requests in w1_runs:
             spec = {
                 **common, "name": f"w1_{name}", "kind": "throughput", "lora": lora,
                 "max_loras": NUM_ADAPTERS, "requests": requests, "num_prompts": num_prompts,
             }  # fmt: skip
             results["w1"][name] = run_worker(spec, root)
-        results["decode"] = {}
-        for name, lora, requests in (
+            print(f"w1 {name}: {results['w1'][name]}", flush=True)
+            args.out.write_text(json.dumps(results, indent=2))
+        decode_runs = (
             ("base", False, "base"), ("base_lora_on", True, "base"), ("adapter", True, "adapter"),
-        ):  # fmt: skip
+        ) if "decode" in parts else ()  # fmt: skip
+        results["decode"] = {}
+        for name, lora, requests in decode_runs:
             spec = {**common, "name": f"decode_{name}", "kind": "latency", "lora": lora,
                     "max_loras": 1, "requests": requests}  # fmt: skip
             results["decode"][name] = run_worker(spec, root)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+            print(f"decode {name}: {results['decode'][name]}", flush=True)
+            args.out.write_text(json.dumps(results, indent=2))
     args.out.write_text(json.dumps(results, indent=2))
     print_table(results)
     print(f"wrote {args.out}")
