@@ -158,3 +158,24 @@ def test_decoder_takes_the_norm_gemv_at_decode(monkeypatch, tmp_path):
     unfused = logits()
     assert calls == {"norm": 2 * num_layers - 1}
     torch.testing.assert_close(fused, unfused, atol=0.05, rtol=0.05)
+
+
+def test_is_plain_linear_follows_the_lora_context():
+    """A LoRA layer is plain (fused decode kernels may take its weight) only in steps
+    without adapter tokens; quantized or subclassed layers never are."""
+    from engine_sdk.layers.linear import is_plain_linear
+    from engine_sdk.layers.lora import LoRAContext, LoRALayer
+
+    layer = Linear(32, 16, params_dtype=torch.bfloat16)
+    assert is_plain_linear(layer)
+    context = LoRAContext(8, "cpu")
+    layer.lora = LoRALayer(context, 2, 4, 32, [16], torch.bfloat16, "cpu")
+    assert is_plain_linear(layer)  # LoRA on, no adapter token in this step
+    context.active = True
+    assert not is_plain_linear(layer)
+
+    class Custom(Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) * 2
+
+    assert not is_plain_linear(Custom(32, 16)) and not is_plain_linear(None)

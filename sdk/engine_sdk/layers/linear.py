@@ -105,13 +105,15 @@ class Linear(torch.nn.Module):
 
 
 def is_plain_linear(layer: torch.nn.Module | None) -> bool:
-    """Whether ``layer(x)`` is just ``x @ layer.weight.T + layer.bias``: a ``Linear`` with
-    its own forward, an unquantized weight and no LoRA. Fused decode kernels (``gemv``'s
-    ``gemv_silu_mul`` and ``gemv_add_rms_norm``) may then read its weight themselves."""
+    """Whether ``layer(x)`` is just ``x @ layer.weight.T + layer.bias`` in this step: a
+    ``Linear`` with its own forward, an unquantized weight and no adapter token in the
+    step (no LoRA, or LoRA whose context is inactive: a base-only step or a CUDA graph
+    captured for one). A fused decode kernel (``gemv.gemv_add_rms_norm``) may then read
+    its weight itself."""
     return (
         isinstance(layer, Linear)
         and type(layer).forward is Linear.forward
-        and layer.lora is None
+        and (layer.lora is None or not layer.lora.context.active)
         and type(layer.quant_method) is UnquantizedLinearMethod
     )
 
