@@ -5,14 +5,8 @@
 # per-projection kernel table (quant_gemv_gpu.py). Needs .whl/ and .gpu/qwen3/ carried.
 # Usage: bash benchmarks/quant_check_gpu.sh [shapes]   (writes under $OUT)
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 ENGINE_COMMIT="${ENGINE_COMMIT:-}"
+source benchmarks/device_install.sh
 SHAPES="${1:-llama8b}"
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-python3 -m pip install -q --upgrade --no-index --no-deps --no-build-isolation --target /tmp/site2 \
-    ./sdk ./core ./plugins/reference ./plugins/qwen3 ./plugins/llama ./plugins/triton \
-    ./plugins/fp8 ./plugins/awq ./plugins/outlines 2>&1 | tail -2
-export PYTHONPATH=/tmp/site2:/tmp/site
-py() { local s=$1; shift; timeout "$s" python3 "$@"; }
 tests="$OUT/gpu_tests.txt"
 for t in plugins/awq/tests/test_awq_gemv.py plugins/fp8/tests/test_fp8_gemv.py \
          tests/quantization/test_quant_gemv_switch.py; do

@@ -5,13 +5,7 @@
 # W4's time goes (step timeline and kernel families); the LoRA table. Needs .whl/ and
 # .gpu/qwen3/ carried. Usage: bash benchmarks/round2_check_gpu.sh   (writes under $OUT)
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 ENGINE_COMMIT="${ENGINE_COMMIT:-}"
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-python3 -m pip install -q --upgrade --no-index --no-deps --no-build-isolation --target /tmp/site2 \
-    ./sdk ./core ./plugins/reference ./plugins/qwen3 ./plugins/llama ./plugins/triton \
-    ./plugins/fp8 ./plugins/awq ./plugins/outlines 2>&1 | tail -2
-export PYTHONPATH=/tmp/site2:/tmp/site
-py() { local s=$1; shift; timeout "$s" python3 "$@"; }
+source benchmarks/device_install.sh
 py 150 -m pytest -q -p no:cacheprovider tests/model/test_decode_graph_cuda.py tests/lora/test_lora_cuda.py \
     tests/fused/test_lora_merged_expand.py tests/fused/test_lora_kernels.py \
     tests/structured_output/test_mask_table.py tests/structured_output/test_packed_masks_outlines.py \

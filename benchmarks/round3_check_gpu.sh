@@ -5,13 +5,7 @@
 # async scheduling and of the backends, W4's steps twice (prefix caching off), the LoRA
 # table. Needs .whl/ and .gpu/qwen3/ carried. Usage: bash benchmarks/round3_check_gpu.sh
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 ENGINE_COMMIT="${ENGINE_COMMIT:-}"
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-python3 -m pip install -q --upgrade --no-index --no-deps --no-build-isolation --target /tmp/site2 \
-    ./sdk ./core ./plugins/reference ./plugins/qwen3 ./plugins/llama ./plugins/triton \
-    ./plugins/fp8 ./plugins/awq ./plugins/outlines 2>&1 | tail -2
-export PYTHONPATH=/tmp/site2:/tmp/site
-py() { local s=$1; shift; timeout "$s" python3 "$@"; }
+source benchmarks/device_install.sh
 py 170 -m pytest -q -p no:cacheprovider tests/fused tests/model/test_decode_graph_cuda.py \
     tests/lora/test_lora_cuda.py 2>&1 | tail -6 | tee "$OUT/gpu_tests.txt"
 py 60 benchmarks/async_check_gpu.py 2>&1 | grep -v -i warn | tail -5 | tee -a "$OUT/gpu_tests.txt"

@@ -3,12 +3,7 @@
 # the Llama-8B shape (Engine only), and LoRA decode with the split shrink (batch-1
 # decode). Needs .whl/ and .gpu/qwen3/ carried. Writes under $OUT.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 ENGINE_COMMIT="${ENGINE_COMMIT:-}"
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-python3 -m pip install -q --upgrade --no-index --no-deps --no-build-isolation --target /tmp/site2 \
-    ./sdk ./core ./plugins/reference ./plugins/qwen3 ./plugins/llama ./plugins/triton 2>&1 | tail -2
-export PYTHONPATH=/tmp/site2:/tmp/site
-py() { local s=$1; shift; timeout "$s" python3 "$@"; }
+source benchmarks/device_install.sh
 py 60 -m pytest -q -p no:cacheprovider tests/fused/test_gemv.py tests/fused/test_split_k.py \
     2>&1 | tail -3 | tee "$OUT/gpu_tests.txt"
 py 100 benchmarks/side_by_side.py --engine-only --model .gpu/qwen3 --parts w2,llama8b \

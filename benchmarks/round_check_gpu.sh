@@ -6,12 +6,7 @@
 # cp312) and .gpu/qwen3/ (the Qwen3 tokenizer files and the 0.6B config) carried.
 # Usage: bash benchmarks/round_check_gpu.sh   (writes under $OUT)
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-python3 -m pip install -q --upgrade --no-index --no-deps --no-build-isolation --target /tmp/site2 \
-    ./sdk ./core ./plugins/reference ./plugins/qwen3 ./plugins/llama ./plugins/triton \
-    ./plugins/fp8 ./plugins/awq ./plugins/outlines 2>&1 | tail -2
-export PYTHONPATH=/tmp/site2:/tmp/site
+source benchmarks/device_install.sh
 t() { local s=$1; shift; timeout "$s" "$@"; }
 t 130 python3 -m pytest -q -p no:cacheprovider tests/fused tests/structured_output/test_mask_table.py tests/structured_output/test_packed_masks_outlines.py tests/model/test_decode_graph_cuda.py \
     tests/sampler/test_sampler_cuda.py plugins/awq/tests/test_awq_w4a16.py \

@@ -4,11 +4,7 @@
 # Usage (device call, repository root): bash benchmarks/run_moe_on_device.sh [PARTS]
 set -uo pipefail
 PARTS="${1:-kernel,decode,w1,share}"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-python3 -m pip install -q --upgrade --no-index --no-deps --no-build-isolation --target /tmp/site2 \
-    ./sdk ./core ./plugins/reference ./plugins/qwen3 ./plugins/moe ./plugins/triton || exit 1
-export PYTHONPATH=/tmp/site2:/tmp/site PATH="/tmp/site/bin:$PATH"
+source benchmarks/device_install.sh
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 python3 -m pytest -q -p no:cacheprovider tests/moe plugins/triton/tests 2>&1 | tail -5 \
     | tee "$OUT/moe_kernel_tests.log"

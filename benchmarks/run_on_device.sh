@@ -8,12 +8,7 @@
 set -uo pipefail
 PARTS="${1:-correctness,hf,w1,w2,w3,w4,prefix,llama8b,masks,quant}"
 NUM_PROMPTS="${2:-1024}"
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-python3 -m pip install -q --upgrade --no-index --no-deps --no-build-isolation --target /tmp/site2 \
-    ./sdk ./core ./plugins/reference ./plugins/qwen3 ./plugins/llama ./plugins/triton \
-    ./plugins/fp8 ./plugins/awq ./plugins/outlines || exit 1
-export PYTHONPATH=/tmp/site2:/tmp/site PATH="/tmp/site/bin:$PATH"  # py-spy, when carried
+source benchmarks/device_install.sh
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv
 # The device returns at most 8 files: the summary (rewritten after each part) and the
 # console log go to $OUT directly, everything else as one archive. The suite stops at
