@@ -2,7 +2,7 @@
 process: what the receiver thread and the serving layer do for every streamed token.
 
 For ``--streams`` requests and ``--steps`` steps it feeds the step messages the engine
-process sends (one token per request per step) through ``ProcessAsyncLLM``'s message
+process sends (one token per request per step) through ``ProcessLink``'s message
 handling (unpickle, rebuild cumulative outputs) and then through the completions
 serving path per token (``advance_all`` diff, the SSE chunk). No process, no sockets,
 no event loop: the rest of the per-token cost is asyncio and uvicorn.
@@ -18,17 +18,19 @@ import pickle
 import time
 from typing import Any
 
-from engine.engine_process import ProcessAsyncLLM, _Cumulative
 from engine.entrypoints.openai.choice_state import ChoiceState, advance_all
 from engine.entrypoints.openai.protocol import CompletionRequest
 from engine.entrypoints.openai.serving_completion import _fast_chunk, _Meta
+from engine.process_link import ProcessLink, _ClientRequest
+from engine.sampling_params import RequestOutputKind
 
 
 def step_message(step: int, streams: int, steps: int) -> bytes:
     finished = step == steps - 1
     updates = [
         (f"r{i}", finished, None, 0, None,
-         ((0, f" tok{step}", [1000 + step], None, "length" if finished else None, None),))
+         ((0, f" tok{step}", [1000 + step], None, "length" if finished else None, None),),
+         None)
         for i in range(streams)
     ]  # fmt: skip
     return pickle.dumps(("step", updates, None, None, []), protocol=5)
@@ -40,8 +42,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=256)
     args = parser.parse_args()
     messages = [step_message(s, args.streams, args.steps) for s in range(args.steps)]
-    front: Any = ProcessAsyncLLM.__new__(ProcessAsyncLLM)
-    front._requests = {f"r{i}": _Cumulative("p", [1, 2, 3]) for i in range(args.streams)}
+    front: Any = ProcessLink.__new__(ProcessLink)
+    cumulative = RequestOutputKind.CUMULATIVE
+    front._requests = {
+        f"r{i}": _ClientRequest("p", [1, 2, 3], cumulative) for i in range(args.streams)
+    }
     request = CompletionRequest(model="m", prompt="p", stream=True)
     metas = {f"r{i}": _Meta(f"cmpl-{i}", 0, "m", 1, request, []) for i in range(args.streams)}
     states = {f"r{i}": [ChoiceState(0)] for i in range(args.streams)}

@@ -14,7 +14,7 @@ that returns its tokens instantly, and reports the time of each phase per decode
     update     Scheduler.update_from_output()
     outputs    OutputProcessor.process_outputs() + stop-string finishes (detokenize, stops)
     stats      LLMEngine._publish (scheduler stats, counters)
-    deliver    AsyncLLM._deliver to per-request asyncio queues
+    deliver    ClientStreams.deliver to per-request asyncio queues
 
 Default workload: 256 requests with 512-token prompts, 256 output tokens each, ignore_eos.
 Only steps where every scheduled request decodes one token are counted.
@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from engine.async_llm import AsyncLLM, _Stream
+from engine.async_llm import AsyncLLM
+from engine.client_streams import Stream
 from engine.core.engine_core import EngineCore
 from engine.core.kv_cache import KVCacheConfig
 from engine.core.request import ReqId, RequestStatus
@@ -137,7 +138,7 @@ def build(args: argparse.Namespace) -> tuple[LLMEngine, AsyncLLM, asyncio.Abstra
         request_id = f"req-{i}"
         streams[request_id] = corpus[start + args.prompt_len : start + args.prompt_len + 4096]
         engine.add_request(request_id, prompt, params)
-        async_llm._streams[request_id] = _Stream(loop, asyncio.Queue())
+        async_llm._streams.by_id[request_id] = Stream(loop, asyncio.Queue())
     return engine, async_llm, loop
 
 
@@ -172,7 +173,7 @@ def timed_step(
     t5 = clock()
     engine._publish(it)
     t6 = clock()
-    async_llm._deliver(processed.request_outputs)
+    async_llm._streams.deliver(processed.request_outputs)
     t7 = clock()
     stamps = (t0, t1, t1b, t2, t3, t4, t5, t6, t7)
     times = {phase: stamps[i + 1] - stamps[i] for i, phase in enumerate(PHASES)}
@@ -207,7 +208,7 @@ def drain(async_llm: AsyncLLM, loop: asyncio.AbstractEventLoop) -> None:
     """Play the callers (untimed): run the queued callbacks and empty every stream."""
 
     async def consume() -> None:
-        for stream in async_llm._streams.values():
+        for stream in async_llm._streams.by_id.values():
             while not stream.queue.empty():
                 stream.queue.get_nowait()
 

@@ -8,12 +8,19 @@ object's shape with ``getattr``. Three clients implement it:
   client speaks the pipe protocol (typed updates, errors as codes from ``errors.py``);
 - ``DataParallelAsyncLLM`` (``data_parallel.py``): several of the above, one request on one.
 
-Tests use one shared fake (``engine.testing.fake_client``).
+The first two are compositions, not a class hierarchy: each owns a ``ClientStreams``
+(``client_streams.py``: streams, coalescing, admission, stats snapshot, death) and an
+engine link, the part that differs (``ThreadLink``: an engine thread; ``ProcessLink``,
+``process_link.py``: the pipe). Model facts come from each one's ``LLMEngine`` (the full
+engine, or the engine process's model-less twin). Tests use one shared fake
+(``engine.testing.fake_client``).
 
 ::
 
-    routes ──> serving_* ──> EngineClient ──┬─ AsyncLLM ── engine thread ── LLMEngine
-                                            ├─ ProcessAsyncLLM ══ pipe ══ engine process
+    routes ──> serving_* ──> EngineClient ──┬─ AsyncLLM = ClientStreams + ThreadLink
+                                            │     └── engine thread ── LLMEngine
+                                            ├─ ProcessAsyncLLM = ClientStreams + ProcessLink
+                                            │     └══ pipe ══ engine process
                                             └─ DataParallelAsyncLLM ── N of the above
 """
 

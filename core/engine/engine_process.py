@@ -1,10 +1,11 @@
 """The engine core in its own process, so the HTTP server and the engine do not share a GIL.
 
     server process                                     engine process (spawned)
-    ProcessAsyncLLM (AsyncLLM's API)
+    ProcessAsyncLLM = ClientStreams + ProcessLink
       generate() ── prepare (tokenize, validate)
-                 ── inbox ─▶ sender thread ── pipe ─▶  LLMEngine: apply adds/aborts,
-                                                       step(), detokenize, stop strings
+                 ── inbox ─▶ sender thread ── pipe ─▶  _EngineLoop: LLMEngine: apply
+                                                       adds/aborts, step(), detokenize,
+                                                       stop strings
       streams ◀─ receiver thread ◀── pipe ── one message per step: the outputs' deltas,
                  (one event-loop wake-up)               scheduler stats, counters, stats
 
@@ -12,12 +13,15 @@ In one process, the engine thread releases the GIL around every torch call and m
 it back from the event loop each time; under 256 streams those waits cost more than the
 GPU step. Here each process has its own interpreter and the pipe carries only what changed.
 
-The server process keeps a model-less ``LLMEngine`` for tokenization, chat templates,
-sampling defaults and grammar validation (cheap checks, never a compile); the engine
-process builds the full engine from the same ``EngineArgs`` and compiles each grammar (in
-its compile worker processes) before queueing the request that needs it. A startup error
-in the engine process is re-raised here as ``StartupError``; if the process dies later,
-every request fails with ``EngineDeadError``.
+This file holds the engine process's side (``engine_process_main``, ``_EngineLoop``),
+starting it, and ``ProcessAsyncLLM``, the client: the same ``ClientStreams`` as
+``AsyncLLM`` with a ``ProcessLink`` (``process_link.py``: the pipe's messages and its
+client end) where ``AsyncLLM`` has its engine thread. The client keeps a model-less
+``LLMEngine`` for tokenization, chat templates, sampling defaults and grammar validation
+(cheap checks, never a compile); the engine process builds the full engine from the same
+``EngineArgs`` and compiles each grammar (in its compile worker processes) before queueing
+the request that needs it. A startup error in the engine process is re-raised here as
+``StartupError``; if the process dies later, every request fails with ``EngineDeadError``.
 """
 
 from __future__ import annotations
@@ -27,55 +31,40 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from engine.async_llm import AsyncLLM, _Abort, _Add
+from engine.client_streams import ClientStreams
 from engine.config import EngineArgs
+from engine.engine_client import EngineLoad, load_of
 from engine.errors import (
     EngineDeadError,
     RequestValidationError,
     StartupError,
-    from_wire,
     to_wire,
 )
 from engine.llm_engine import LLMEngine
 from engine.log_setup import configure_logging
-from engine.outputs import CompletionOutput, RequestOutput
+from engine.lora.request import LoRARequest
+from engine.model_executor.pooling_task import PoolingConfig
+from engine.outputs import RequestOutput, SchedulerStats
 from engine.outputs_processing import EngineCounters, IterationStats
 from engine.parent_watch import exit_with_parent
-from engine.sampling_params import RequestOutputKind
+from engine.process_link import (
+    HEARTBEAT_S,
+    ProcessLink,
+    Update,
+    kill_engine_process,
+    to_update,
+)
+from engine.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from engine.tokenization.input_processor import PromptType
 
 logger = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT_S = 3600.0  # weights of a large model can take a long time to load
-_HEARTBEAT_S = 1.0
-
-
-# -- what crosses the pipe ------------------------------------------------------------------
-# Per step: ("step", updates, scheduler stats, counters, iteration stats). Each update is a
-# plain tuple (unpickling 256 tuples takes a tenth of the time 256 dataclasses take):
-#   (request_id, finished, error, num_cached_tokens, prompt_logprobs or None, deltas)
-# with deltas = ((index, delta_text, delta_token_ids, delta_logprobs, finish_reason,
-# stop_reason), ...); prompt logprobs travel once, with a request's first update.
-
-_Update = tuple[
-    str, bool, "str | None", int, "list[Any] | None", tuple[tuple[Any, ...], ...],
-    "list[float] | None",
-]  # fmt: skip
-
-
-def _to_update(out: RequestOutput, send_prompt_logprobs: bool) -> _Update:
-    deltas = tuple(
-        (c.index, c.delta_text, c.delta_token_ids, c.delta_logprobs, c.finish_reason,
-         c.stop_reason)
-        for c in out.outputs
-    )  # fmt: skip
-    prompt_logprobs = out.prompt_logprobs if send_prompt_logprobs else None
-    return (out.request_id, out.finished, out.error, out.num_cached_tokens, prompt_logprobs,
-            deltas, out.pooled)  # fmt: skip
 
 
 # -- the engine process ---------------------------------------------------------------------
@@ -142,7 +131,7 @@ class _EngineLoop:
     def run(self) -> None:
         while self.clients:
             busy = self.engine.has_unfinished_requests()
-            timeout = 0.0 if busy else (0.005 if self.compiling else _HEARTBEAT_S)
+            timeout = 0.0 if busy else (0.005 if self.compiling else HEARTBEAT_S)
             while self.clients:
                 ready = multiprocessing.connection.wait(self.clients, timeout)
                 if not ready:
@@ -160,7 +149,7 @@ class _EngineLoop:
                 except Exception as exc:
                     logger.exception("engine step failed; failing the requests in flight")
                     outputs = self.engine.fail_all_requests(f"engine step failed: {exc!r}")
-            if outputs or self.iterations or time.monotonic() - self.last_send > _HEARTBEAT_S:
+            if outputs or self.iterations or time.monotonic() - self.last_send > HEARTBEAT_S:
                 self._send(outputs)
 
     def _receive(self, conn: Any) -> None:
@@ -251,7 +240,7 @@ class _EngineLoop:
             self._drop(conn)
 
     def _send(self, outputs: list[RequestOutput]) -> None:
-        updates: dict[Any, list[_Update]] = {conn: [] for conn in self.clients}
+        updates: dict[Any, list[Update]] = {conn: [] for conn in self.clients}
         for out in outputs:
             request_id = out.request_id
             first = request_id not in self.seen
@@ -262,7 +251,7 @@ class _EngineLoop:
                 self.seen.discard(request_id)
                 self.owner.pop(request_id, None)
             if conn in updates:
-                updates[conn].append(_to_update(out, first))
+                updates[conn].append(to_update(out, first))
         stats, counters = self.engine.stats(), self.engine.counters()
         for conn, mine in updates.items():
             if not _post(conn, ("step", mine, stats, counters, self.iterations)):
@@ -271,21 +260,7 @@ class _EngineLoop:
         self.last_send = time.monotonic()
 
 
-# -- the server side ------------------------------------------------------------------------
-
-
-@dataclass
-class _ClientRequest:
-    """What the server has of a request: its output kind, and what rebuilding cumulative
-    outputs needs (``CUMULATIVE`` and ``FINAL_ONLY`` requests only)."""
-
-    prompt: str | None
-    prompt_token_ids: list[int]
-    kind: RequestOutputKind
-    texts: dict[int, str] = field(default_factory=dict)
-    token_ids: dict[int, list[int]] = field(default_factory=dict)
-    logprobs: dict[int, list[Any] | None] = field(default_factory=dict)
-    prompt_logprobs: list[Any] | None = None
+# -- starting it ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -352,12 +327,6 @@ def wait_engine_ready(
     return readies[0]
 
 
-def kill_engine_process(proc: Any) -> None:
-    if proc.is_alive():  # it ignores SIGTERM (see engine_process_main)
-        proc.kill()
-        proc.join(5)
-
-
 def _wait_ready(proc: Any, conn: Any, deadline: float, timeout: float) -> EngineReady:
     while not conn.poll(1.0):
         if not proc.is_alive():
@@ -375,8 +344,12 @@ def _wait_ready(proc: Any, conn: Any, deadline: float, timeout: float) -> Engine
     return EngineReady(int(msg[1]), int(msg[2]), msg[3])
 
 
-class ProcessAsyncLLM(AsyncLLM):
-    """``AsyncLLM`` whose engine runs in a spawned process (same API for the server).
+# -- the client -----------------------------------------------------------------------------
+
+
+class ProcessAsyncLLM:
+    """``EngineClient`` whose engine runs in a spawned process: a ``ClientStreams`` served
+    by a ``ProcessLink`` (same API for the server as ``AsyncLLM``).
 
     ``from_args`` starts a private engine process; an API server process of
     ``--api-server-count`` > 1 attaches to the shared one with its own connection
@@ -384,19 +357,12 @@ class ProcessAsyncLLM(AsyncLLM):
     """
 
     def __init__(self, args: EngineArgs, conn: Any, ready: EngineReady, proc: Any = None) -> None:
-        self._conn, self._proc = conn, proc
-        front = LLMEngine.frontend_from_args(args, ready.max_model_len, ready.vocab_size)
-        self._queued_reqs_bound = args.max_num_queued_reqs
-        self._listeners: list[Any] = []
-        self._requests: dict[str, _ClientRequest] = {}
-        self._pending_adds: dict[str, Any] = {}
-        self._stopping = False  # set by the sender once it asked the engine to stop
-        super().__init__(front, start=False, initial_stats=ready.stats)
-        self._last_message = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name="engine-receiver", daemon=True)
-        self._sender = threading.Thread(target=self._send_loop, name="engine-sender", daemon=True)
-        self._sender.start()
-        self._thread.start()
+        self.engine = LLMEngine.frontend_from_args(args, ready.max_model_len, ready.vocab_size)
+        self._streams = ClientStreams(
+            self.engine, ready.stats, self.engine.counters(), args.max_num_queued_reqs
+        )
+        self._link = ProcessLink(conn, proc, self._streams)
+        self._link.start()
 
     @classmethod
     def from_args(cls, args: EngineArgs) -> ProcessAsyncLLM:
@@ -407,186 +373,103 @@ class ProcessAsyncLLM(AsyncLLM):
             kill_engine_process(proc)
             raise
 
-    # -- the parts of AsyncLLM that read the engine object ----------------------------------
+    # -- what the API layer reads: the model-less engine's facts ------------------------------
 
-    async def _compile_constraint(self, prepared: Any) -> None:
-        """Nothing here: this process only validated the constraint (``prepare_request``);
-        the engine process compiles it once, off its loop, before queueing the request."""
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def pooling(self) -> PoolingConfig | None:
+        """The ``PoolingConfig`` of an embedding model; ``None`` for a generating one."""
+        pooling: PoolingConfig | None = self.engine.pooling
+        return pooling
+
+    def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:
+        """Cheap checks of a constraint (never compiles): ``RequestValidationError``."""
+        self.engine.validate_structured_outputs(params)
+
+    def default_sampling_params(self) -> SamplingParams:
+        return self.engine.default_sampling_params()
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        return self.engine.apply_chat_template(
+            messages, tools, add_generation_prompt, chat_template, chat_template_kwargs
+        )
+
+    # -- stats, liveness and admission (cheap, safe from any thread) --------------------------
+
+    def stats(self) -> SchedulerStats:
+        return self._streams.stats()
+
+    def counters(self) -> EngineCounters:
+        return self._streams.counters()
+
+    def engine_loads(self) -> list[EngineLoad]:
+        return [load_of(0, self)]
+
+    def would_reject(self) -> str | None:
+        return self._streams.would_reject()
 
     def add_stats_listener(self, listener: Any) -> bool:
-        self._listeners.append(listener)
+        """``listener(IterationStats)`` for each step the engine process reports, called
+        from the receiver thread (register before serving)."""
+        self._link.add_stats_listener(listener)
         return True
 
-    def _max_num_queued_reqs(self) -> int | None:
-        return self._queued_reqs_bound
+    @property
+    def is_ready(self) -> bool:
+        return self._link.is_alive() and self._streams.dead_error is None
+
+    @property
+    def dead_error(self) -> EngineDeadError | None:
+        return self._streams.dead_error
 
     def stalled_for(self) -> float:
-        if not self._streams and self._inbox.empty():
-            return 0.0
-        return max(0.0, time.monotonic() - self._last_message - _HEARTBEAT_S)
+        return self._link.stalled_for()
 
     def silent_for(self) -> float:
-        """Seconds the idle engine process has sent nothing beyond its heartbeat period (it
-        reports at least once a second when idle); 0 while requests are in flight, where
-        a long step is normal and ``stalled_for`` judges instead."""
-        if self._streams or not self._inbox.empty():
-            return 0.0
-        return max(0.0, time.monotonic() - self._last_message - _HEARTBEAT_S)
+        return self._link.silent_for()
 
     def declare_dead(self, reason: str) -> None:
-        super().declare_dead(reason)
-        self._fail_pending_adds(EngineDeadError(reason))
-        self._kill()
+        """Fail every request in flight and kill a private engine process (the watchdog,
+        when the engine is wedged or silent)."""
+        self._link.declare_dead(self._streams.declare_dead(reason))
 
-    def _run(self) -> None:
-        super()._run()  # fails the streams and the adds still in the inbox
-        self._fail_pending_adds(self.dead_error or EngineDeadError("the engine process stopped"))
+    # -- requests -----------------------------------------------------------------------------
 
-    def _fail_pending_adds(self, error: EngineDeadError) -> None:
-        """Adds forwarded to the engine process and never answered (it died or is wedged):
-        their callers still wait for the answer, so give them the error."""
-        for request_id in list(self._pending_adds):
-            done = self._pending_adds.pop(request_id, None)
-            if done is not None:
-                self._fail_add(done, error)
+    def generate(
+        self,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """See ``ClientStreams.generate``: closing the iterator aborts the request."""
+        return self._streams.generate(
+            self._link, prompt, params, request_id, priority, cache_salt, lora_request
+        )
+
+    async def abort(self, request_id: str | Sequence[str]) -> None:
+        self._streams.abort(request_id)
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        super().shutdown(timeout)
-        if self._proc is not None:
-            self._proc.join(timeout)
-        self._kill()
-
-    def _kill(self) -> None:
-        if self._proc is not None:  # a shared engine process is the supervisor's to stop
-            kill_engine_process(self._proc)
-
-    def _exitcode(self) -> int | None:
-        return None if self._proc is None else self._proc.exitcode
-
-    # -- sender thread: inbox -> pipe ---------------------------------------------------------
-
-    def _send_loop(self) -> None:
-        from engine.async_llm import _STOP
-
-        while True:
-            cmd = self._inbox.get()
-            try:
-                if cmd is _STOP:
-                    self._stopping = True
-                    self._conn.send(("stop",))
-                    return
-                if isinstance(cmd, _Add):
-                    self._forward_add(cmd)
-                elif isinstance(cmd, _Abort):
-                    # Streams stay until the engine's final (abort) output reaches them.
-                    self._conn.send(("abort", cmd.request_ids))
-            except (OSError, EOFError):
-                return  # the engine process is gone; the receiver reports it
-
-    def _forward_add(self, cmd: _Add) -> None:
-        if not self._claim_add(cmd):
-            return
-        prepared = cmd.prepared
-        request_id = prepared.request_id
-        self._streams[request_id] = cmd.stream
-        self._requests[request_id] = _ClientRequest(
-            prepared.prompt, prepared.prompt_token_ids, prepared.params.output_kind
-        )
-        self._pending_adds[request_id] = cmd.done
-        self._conn.send(("add", prepared))
-
-    # -- receiver thread: pipe -> streams (AsyncLLM._run calls this as its loop) --------------
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                msg = self._conn.recv()
-            except (EOFError, OSError):
-                if not self._stopping or self._exitcode() not in (0, None):
-                    code = self._exitcode()
-                    raise EngineDeadError(
-                        "the engine process exited"
-                        + ("" if code is None else f" (exit code {code})")
-                    ) from None
-                return  # a requested shutdown
-            self._last_message = time.monotonic()
-            if msg[0] == "step":
-                self._on_step(msg[1], msg[2], msg[3], msg[4])
-            elif msg[0] == "added":
-                self._on_added(msg[1], msg[2])
-
-    def _on_added(self, request_id: str, error: tuple[str, str] | None) -> None:
-        done = self._pending_adds.pop(request_id, None)
-        if done is None:
-            return
-        if error is None:
-            done.set_result(None)
-            return
-        self._streams.pop(request_id, None)
-        self._requests.pop(request_id, None)
-        done.set_exception(from_wire(*error))
-
-    def _on_step(
-        self, updates: list[_Update], stats: Any, counters: EngineCounters,
-        iterations: list[IterationStats],
-    ) -> None:  # fmt: skip
-        outputs = [o for o in map(self._rebuild, updates) if o is not None]
-        with self._stats_lock:
-            self._last_stats, self._counters = stats, counters
-        self._deliver(outputs)
-        for it in iterations:
-            for listener in self._listeners:
-                try:
-                    listener(it)
-                except Exception:
-                    logger.exception("stats listener %r failed; continuing", listener)
-
-    def _rebuild(self, update: _Update) -> RequestOutput | None:
-        request_id, finished, error, num_cached, prompt_logprobs, deltas, pooled = update
-        state = self._requests.get(request_id)
-        if state is None:
-            return None  # aborted here already
-        if finished:
-            del self._requests[request_id]
-        if prompt_logprobs is not None:
-            state.prompt_logprobs = prompt_logprobs
-        if state.kind == RequestOutputKind.DELTA:
-            completions = [
-                CompletionOutput(index, text, ids, reason, stop, lps, text, ids, lps)
-                for index, text, ids, lps, reason, stop in deltas
-            ]
-        else:
-            completions = [self._accumulate(state, *delta) for delta in deltas]
-            if state.kind == RequestOutputKind.FINAL_ONLY and not finished:
-                return None
-            prompt_logprobs = state.prompt_logprobs
-        return RequestOutput(
-            request_id, state.prompt, state.prompt_token_ids, completions, finished,
-            prompt_logprobs, num_cached, error, pooled,
-        )  # fmt: skip
-
-    @staticmethod
-    def _accumulate(
-        state: _ClientRequest, index: int, text: str, token_ids: list[int],
-        logprobs: list[Any] | None, finish_reason: str | None, stop_reason: int | str | None,
-    ) -> CompletionOutput:  # fmt: skip
-        full_text = state.texts.get(index, "") + text
-        state.texts[index] = full_text
-        ids = state.token_ids.setdefault(index, [])
-        ids += token_ids
-        lps = state.logprobs.get(index)
-        if logprobs is not None:
-            lps = (lps or []) + logprobs
-            state.logprobs[index] = lps
-        return CompletionOutput(
-            index, full_text, ids[:], finish_reason, stop_reason,
-            lps[:] if lps is not None else None, text, token_ids, logprobs,
-        )  # fmt: skip
-
-    def _check_alive(self) -> None:
-        super()._check_alive()
-        if self._proc is not None and not self._proc.is_alive():
-            raise EngineDeadError("the engine process is not running")
+        """Stop the engine process through the pipe (pending requests fail with
+        ``EngineDeadError``); kill a private one that does not stop in time."""
+        self._link.shutdown(timeout)
 
 
 __all__ = [
