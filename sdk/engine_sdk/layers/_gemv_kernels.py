@@ -41,14 +41,7 @@ def gemv_kernel(
             x = tl.load(x_ptr + m * stride_xm + k0 + offs_k, mask=k_ok & (m < M), other=0.0)
             part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
             acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(
-        out_ptrs,
-        acc.to(out_ptr.dtype.element_ty),
-        mask=(offs_m[:, None] < M) & n_ok[None, :],
-    )
+    _store_rows(acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS)
 
 
 @triton.jit
@@ -89,6 +82,12 @@ def gemv_add_rms_norm_kernel(
         h = (y * nw).to(out_ptr.dtype.element_ty).to(tl.float32)
         part = tl.sum(w * h[None, :], axis=1)
         acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    _store_rows(acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS)
+
+
+@triton.jit
+def _store_rows(acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS: tl.constexpr):
+    """Both GEMVs' epilogue: add the bias (float32), round once, store the valid rows."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
