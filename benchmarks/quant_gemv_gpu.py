@@ -74,6 +74,7 @@ MIN_CALLS = 200  # calls per captured graph
 REPLAYS = 5
 REPEATS = 3
 TOLERANCE = 1e-2  # relative max error (bf16 output rounding, summation order)
+TUNED_MIN_GAIN = 0.03  # a swept tile enters a table when this much faster than the default
 OLD_FMA_MAX_TOKENS = 4  # the previous decode paths' CUDA-core range (AWQ and FP8)
 
 
@@ -245,13 +246,15 @@ def sweep(p: Projection, m: int, timer: Timer, deadline: float, smoke: bool) -> 
 
     x = torch.randn(m, p.num_in, device=p.device, dtype=torch.bfloat16)
     sms, chunk = num_multiprocessors(p.device), p.awq[3]
-    awq_tiles = [("fma", 64, 2), ("fma", 128, 4), ("fma", 128, 2), ("fma", 256, 4),
-                 ("fma", 256, 8)] if m <= 2 else []  # fmt: skip
-    awq_tiles += [("dot", 32, 4), ("dot", 64, 4), ("dot", 128, 4), ("dot", 128, 8)]
+    # CUDA cores at 1-2 tokens (the dot's 16-row side wastes most of its work there),
+    # tensor cores from 2 tokens; FP8 likewise.
+    awq_tiles = [("fma", 64, 2), ("fma", 64, 4), ("fma", 128, 2), ("fma", 128, 4),
+                 ("fma", 256, 4), ("fma", 256, 8)] if m <= 2 else []  # fmt: skip
+    awq_tiles += [("dot", 32, 4), ("dot", 64, 4), ("dot", 128, 4), ("dot", 128, 8)] if m > 1 else []
     fp8_tiles = [("fma", 64, 128, 4), ("fma", 32, 256, 4), ("fma", 128, 64, 4),
-                 ("fma", 64, 256, 8)] if m == 1 else []  # fmt: skip
-    fp8_tiles += [("dot", 64, 128, 4), ("dot", 128, 128, 8), ("dot", 64, 256, 4)]
-    stages, per_sm = ((2, 4), (1, 2, 4, 8)) if not smoke else ((2,), (2,))
+                 ("fma", 64, 256, 8), ("fma", 128, 128, 8)] if m == 1 else []  # fmt: skip
+    fp8_tiles += [("dot", 64, 128, 4), ("dot", 128, 128, 8), ("dot", 64, 256, 4)] if m > 1 else []
+    stages, per_sm = ((2, 4), (2, 4, 6, 8)) if not smoke else ((2,), (2,))
     rows: list[dict[str, Any]] = []
     jobs: list[tuple[str, Any, Callable[[Any, Any, Any], Any]]] = []
     for variant, bn, nw in awq_tiles[: 2 if smoke else None]:
@@ -301,6 +304,39 @@ def _summary(speed: list[dict[str, Any]]) -> str:
     return table(out, list(out[0]) if out else [])
 
 
+def write_tuned(
+    folder: Path,
+    best: dict[tuple, dict[str, Any]],
+    speed: list[dict[str, Any]],
+    projections: dict[tuple[str, str], Projection],
+) -> None:
+    """The tile tables the plugins read (``engine_sdk.layers.split_k.tuned_config``): per
+    plugin, ``"kernel,N,K,tokens"`` -> the sweep's best tile, kept only where it beat the
+    default tile (the ``awq`` / ``fp8c`` column at those tokens) by ``TUNED_MIN_GAIN``."""
+    from engine_sdk.layers.split_k import tuned_file_name
+
+    defaults = {(r["model"], r["proj"], r["tokens"]): r for r in speed}
+    tables: dict[str, dict[str, Any]] = {"engine_awq": {}, "engine_fp8": {}}
+    for (model, proj, tokens, kernel), r in sorted(best.items()):
+        default_ms = (defaults.get((model, proj, tokens)) or {}).get(kernel)
+        if default_ms is None or r["ms"] > default_ms * (1 - TUNED_MIN_GAIN):
+            continue
+        p = projections[(model, proj)]
+        config = {k: v for k, v in r["config"].items() if k != "per_sm"}
+        name = f"awq_c{p.awq[3]}" if kernel == "awq" else "fp8"
+        package = "engine_awq" if kernel == "awq" else "engine_fp8"
+        tables[package][f"{name},{p.num_out},{p.num_in},{tokens}"] = {
+            **config, "ms": round(r["ms"], 5), "default_ms": round(default_ms, 5)}  # fmt: skip
+    device = torch.cuda.get_device_name()
+    for package, configs in tables.items():
+        out = folder / package / tuned_file_name(device)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"device": device, "written_by": " ".join(sys.argv), "git_commit": git_commit(),
+                   "date": time.strftime("%Y-%m-%d"), "configs": configs}  # fmt: skip
+        out.write_text(json.dumps(payload, indent=1) + "\n")
+        print(f"wrote {out}: {len(configs)} tiles")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="JSON file to write")
@@ -308,6 +344,8 @@ def main() -> int:
     parser.add_argument("--sweep-s", type=float, default=150.0, help="sweep budget (0: skip)")
     parser.add_argument("--tokens", help="token counts, comma-separated (default 1,2,4,8,16)")
     parser.add_argument("--models", help="models to time, comma-separated (default: both)")
+    parser.add_argument("--sweep-tokens", default="1,4,16", help="token counts to sweep")
+    parser.add_argument("--write-tuned", help="folder: write <plugin>/<device>.json tile tables")
     args = parser.parse_args()
     if args.smoke:
         from engine_sdk.testing.triton_interpreter import enable
@@ -345,8 +383,9 @@ def main() -> int:
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
         deadline = time.time() + args.sweep_s
-        for (model, name), p in projections.items():
-            for m in (1, 4, 16) if not args.smoke else (1, 16):
+        sweep_tokens = (1, 16) if args.smoke else tuple(map(int, args.sweep_tokens.split(",")))
+        for m in sweep_tokens:  # every projection at one token count before the next count
+            for (model, name), p in projections.items():
                 if time.time() > deadline:
                     break
                 rows = sweep(p, m, timer, deadline, args.smoke)
@@ -370,6 +409,8 @@ def main() -> int:
             if r["ms"] is not None and (key not in best or r["ms"] < best[key]["ms"]):
                 best[key] = r
         print(table(list(best.values()), ["model", "proj", "tokens", "kernel", "ms", "config"]))
+        if args.write_tuned:
+            write_tuned(Path(args.write_tuned), best, speed, projections)
     payload = {
         "command": " ".join(sys.argv),
         "git_commit": git_commit(),

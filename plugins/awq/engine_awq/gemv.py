@@ -43,11 +43,18 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from engine_sdk.layers.split_k import plan_split_k, store_split_k_tile
+from engine_sdk.layers.split_k import plan_split_k, store_split_k_tile, tuned_config
 
 from engine_awq.w4a16 import nibble_bits
 
-__all__ = ["GEMV_PROGRAMS_PER_SM", "MAX_TOKENS", "GemvConfig", "awq_gemv", "default_gemv_config"]
+__all__ = [
+    "GEMV_PROGRAMS_PER_SM",
+    "MAX_TOKENS",
+    "GemvConfig",
+    "awq_gemv",
+    "default_gemv_config",
+    "gemv_config",
+]
 
 MAX_TOKENS = 16  # rows the GEMV takes (the dot variant's 16-row side)
 GEMV_PROGRAMS_PER_SM = 2  # split K until about this many programs per multiprocessor
@@ -240,6 +247,18 @@ def default_gemv_config(
     return GemvConfig("fma", block_n)
 
 
+def gemv_config(
+    device: torch.device, num_tokens: int, num_out: int, num_in: int, chunk: int
+) -> GemvConfig:
+    """The tile a layer runs: the measured one for this GPU and shape
+    (``engine_awq/tuned/<device>.json``, :func:`engine_sdk.layers.split_k.tuned_config`,
+    kernel ``awq_c<chunk>``), else :func:`default_gemv_config`."""
+    found = tuned_config("engine_awq", f"awq_c{chunk}", device, num_out, num_in, num_tokens)
+    if found is not None:
+        return GemvConfig(**{k: v for k, v in found.items() if k in GemvConfig._fields})
+    return default_gemv_config(num_tokens, num_out, chunk)
+
+
 def awq_gemv(
     x: torch.Tensor,
     tiled_qweight: torch.Tensor,
@@ -262,7 +281,7 @@ def awq_gemv(
     assert tiled_qweight.stride(1) == tiled_zeros.stride(1) == scales.stride(1) == 1
     assert x.stride(1) == 1 and group_size % (chunk // 8) == 0
     if config is None:
-        config = default_gemv_config(num_tokens, num_out, chunk)
+        config = gemv_config(x.device, num_tokens, num_out, num_in, chunk)
     use_dot = config.variant == "dot"
     block_m = 16 if use_dot else triton.next_power_of_2(num_tokens)
     assert not use_dot or (chunk == 128 and config.block_n >= 16), "dot needs chunk 128"

@@ -33,9 +33,16 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from engine_sdk.layers.split_k import plan_split_k, store_split_k_tile
+from engine_sdk.layers.split_k import plan_split_k, store_split_k_tile, tuned_config
 
-__all__ = ["GEMV_PROGRAMS_PER_SM", "MAX_TOKENS", "GemvConfig", "default_gemv_config", "fp8_gemv"]
+__all__ = [
+    "GEMV_PROGRAMS_PER_SM",
+    "MAX_TOKENS",
+    "GemvConfig",
+    "default_gemv_config",
+    "fp8_gemv",
+    "gemv_config",
+]
 
 MAX_TOKENS = 16  # rows the GEMV takes (the dot variant's 16-row side)
 GEMV_PROGRAMS_PER_SM = 2  # split K until about this many programs per multiprocessor
@@ -179,6 +186,25 @@ def default_gemv_config(
     return config
 
 
+def gemv_config(
+    device: torch.device,
+    num_tokens: int,
+    num_out: int,
+    num_in: int,
+    block: tuple[int, int] | None = None,
+) -> GemvConfig:
+    """The tile a layer runs: the measured one for this GPU and shape
+    (``engine_fp8/tuned/<device>.json``, :func:`engine_sdk.layers.split_k.tuned_config`,
+    swept per channel; a block-scaled weight takes it when its ``BLOCK_K`` divides the
+    scale block's columns), else :func:`default_gemv_config`."""
+    found = tuned_config("engine_fp8", "fp8", device, num_out, num_in, num_tokens)
+    if found is not None:
+        config = GemvConfig(**{k: v for k, v in found.items() if k in GemvConfig._fields})
+        if block is None or block[1] % config.block_k == 0:
+            return config
+    return default_gemv_config(num_tokens, num_out, block)
+
+
 def fp8_gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -199,7 +225,7 @@ def fp8_gemv(
     assert 0 < num_tokens <= MAX_TOKENS, f"the GEMV takes 1 to {MAX_TOKENS} rows"
     assert weight.shape[1] == num_in and weight.stride(1) == 1 and x.stride(1) == 1
     if config is None:
-        config = default_gemv_config(num_tokens, num_out, block)
+        config = gemv_config(x.device, num_tokens, num_out, num_in, block)
     use_dot = config.variant == "dot"
     block_m = 16 if use_dot else triton.next_power_of_2(num_tokens)
     assert not use_dot or min(config.block_n, config.block_k) >= 16

@@ -29,12 +29,21 @@ Two ways to add them, both deterministic (the parts are always added in the orde
 
 Used by the quantization plugins' kernels (AWQ W4A16, FP8 W8A16); imported only where a
 kernel runs (it needs Triton).
+
+Measured tiles: a plugin may ship ``<package>/tuned/<device name>.json`` (written by
+``benchmarks/quant_gemv_gpu.py --write-tuned``), which maps ``"kernel,N,K,tokens"`` to a
+tile that a sweep on that GPU found fastest; :func:`tuned_config` looks one up for a call
+(``tokens`` rounded up to the swept counts ``TUNED_TOKENS``), and a kernel falls back to
+its own rule for shapes and devices the table lacks.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+import json
+import re
+from importlib import resources
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -49,14 +58,46 @@ __all__ = [
     "split_k_locks",
     "store_split_k",
     "store_split_k_tile",
+    "tuned_config",
+    "tuned_file_name",
 ]
 
 CPU_MULTIPROCESSORS = 4  # what Triton's interpreter pretends (tests on CPUs)
+TUNED_TOKENS = (1, 4, 16)  # token counts the tile sweeps time; a call takes the next one up
 
 
 @functools.lru_cache(maxsize=8)
 def _multiprocessors(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def tuned_file_name(device_name: str) -> str:
+    """``NVIDIA H200`` -> ``NVIDIA_H200.json``: the table file for a device name."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", device_name).strip("_") + ".json"
+
+
+@functools.lru_cache(maxsize=16)
+def _tuned_table(package: str, device_name: str) -> dict[str, dict[str, Any]]:
+    path = resources.files(package).joinpath("tuned", tuned_file_name(device_name))
+    if not path.is_file():
+        return {}
+    table: dict[str, dict[str, Any]] = json.loads(path.read_text())["configs"]
+    return table
+
+
+def tuned_config(
+    package: str, kernel: str, device: torch.device, num_out: int, num_in: int, num_tokens: int
+) -> dict[str, Any] | None:
+    """The measured tile of ``package``'s table for ``kernel`` at this shape on this GPU
+    (the module docstring), or None: no table for the device, no row for the shape, or not
+    CUDA."""
+    if device.type != "cuda":
+        return None
+    bucket = next((t for t in TUNED_TOKENS if num_tokens <= t), None)
+    if bucket is None:
+        return None
+    table = _tuned_table(package, torch.cuda.get_device_name(device))
+    return table.get(f"{kernel},{num_out},{num_in},{bucket}")
 
 
 def num_multiprocessors(device: torch.device) -> int:
