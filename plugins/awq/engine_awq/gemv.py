@@ -43,7 +43,15 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from engine_sdk.layers.split_k import plan_split_k, store_split_k_tile, tuned_config
+from engine_sdk.layers.split_k import (
+    NormArgs,
+    norm_args,
+    norm_launch_args,
+    norm_rows_into,
+    plan_split_k,
+    store_split_k_tile,
+    tuned_config,
+)
 
 from engine_awq.w4a16 import nibble_bits
 
@@ -52,6 +60,7 @@ __all__ = [
     "MAX_TOKENS",
     "GemvConfig",
     "awq_gemv",
+    "awq_gemv_add_rms_norm",
     "default_gemv_config",
     "gemv_config",
 ]
@@ -166,6 +175,12 @@ def _gemv_kernel(
     stride_s,
     stride_om,
     magic,
+    r_ptr,
+    nw_ptr,
+    xn_ptr,
+    res_ptr,
+    eps,
+    stride_rm,
     GROUP: tl.constexpr,
     CHUNK: tl.constexpr,
     NPG: tl.constexpr,
@@ -175,6 +190,9 @@ def _gemv_kernel(
     USE_DOT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,
+    NORM: tl.constexpr,
+    NORM_M: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
 ):
     W: tl.constexpr = CHUNK // 8
     pid_n = tl.program_id(0)
@@ -186,6 +204,13 @@ def _gemv_kernel(
     mask_m = offs_m < M
     c_begin = pid_s * chunks_per_split
     c_end = tl.minimum(c_begin + chunks_per_split, num_chunks)
+    if NORM:  # x := rms_norm(x + r) * nw over this program's chunks (split_k.norm_rows_into)
+        norm_rows_into(
+            x_ptr, r_ptr, nw_ptr, xn_ptr, res_ptr, M, num_chunks * CHUNK, eps, c_begin * CHUNK,
+            c_end * CHUNK, stride_xm, stride_rm, pid_n == 0, NORM_M, NORM_BLOCK,
+        )  # fmt: skip
+        x_ptr = xn_ptr
+        stride_xm = num_chunks * CHUNK
     qw_rows = qw_ptr + offs_n[:, None] * stride_qw + offs_j[None, :]  # [BLOCK_N, W]
     z_ptrs = z_ptr + offs_n
     s_ptrs = s_ptr + offs_n
@@ -274,6 +299,43 @@ def awq_gemv(
     [M, N] in ``x.dtype``, plus ``bias``. ``locks``: the caller's split-K counters
     (:func:`engine_sdk.layers.split_k.split_k_locks`, at least ``cdiv(N, block_n)``; a
     layer keeps one so that CUDA graphs need no memset); None makes zeroed ones per call."""
+    weights = (tiled_qweight, tiled_zeros, scales, group_size, chunk)
+    return _launch(x, weights, bias, config, locks, None)
+
+
+def awq_gemv_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    tiled_qweight: torch.Tensor,
+    tiled_zeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    chunk: int,
+    bias: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+    locks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`awq_gemv` of ``rms_norm(x + residual) * norm_weight`` and ``x + residual``
+    (the new residual) in one launch, for at most ``NORM_MAX_ROWS`` rows of
+    :mod:`engine_sdk.layers.split_k`: equal to the decoder's add+norm kernel, then
+    :func:`awq_gemv`."""
+    norm = norm_args(x, residual, norm_weight, eps)
+    weights = (tiled_qweight, tiled_zeros, scales, group_size, chunk)
+    return _launch(x, weights, bias, config, locks, norm), norm.new_residual
+
+
+def _launch(
+    x: torch.Tensor,
+    weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int],
+    bias: torch.Tensor | None,
+    config: GemvConfig | None,
+    locks: torch.Tensor | None,
+    norm: NormArgs | None,
+) -> torch.Tensor:
+    """One launch of the GEMV, with the add+norm prologue when ``norm`` is given."""
+    tiled_qweight, tiled_zeros, scales, group_size, chunk = weights
     num_tokens, num_in = x.shape
     num_out = tiled_qweight.shape[0]
     assert 0 < num_tokens <= MAX_TOKENS, f"the GEMV takes 1 to {MAX_TOKENS} rows"
@@ -288,14 +350,16 @@ def awq_gemv(
     num_chunks = num_in // chunk
     n_tiles = triton.cdiv(num_out, config.block_n)
     plan = plan_split_k(x, num_out, n_tiles, num_chunks, GEMV_PROGRAMS_PER_SM, config.split, locks)
+    norm_operands, norm_constants = norm_launch_args(x, norm)
     _gemv_kernel[(n_tiles, plan.split)](
         x, tiled_qweight, tiled_zeros, scales, bias if bias is not None else scales, plan.out,
         plan.parts, plan.locks, num_tokens, num_out, num_chunks, plan.steps_per_split,
         plan.split, x.stride(0), tiled_qweight.stride(0), tiled_zeros.stride(0),
         scales.stride(0), plan.out.stride(0), MAGIC_2_23,
+        *norm_operands,
         GROUP=group_size, CHUNK=chunk, NPG=math.gcd(8, group_size // (chunk // 8)),
         BLOCK_M=block_m, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
         USE_DOT=use_dot, HAS_BIAS=bias is not None, SPLIT=plan.split > 1,
-        num_warps=config.num_warps,
+        num_warps=config.num_warps, **norm_constants,
     )  # fmt: skip
     return plan.out

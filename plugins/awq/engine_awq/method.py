@@ -219,6 +219,31 @@ class AwqLinearMethod(QuantizationMethod):
             )  # fmt: skip
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
+    def apply_add_rms_norm(
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The decoder's residual add and RMSNorm inside the decode GEMV
+        (:func:`engine_awq.gemv.awq_gemv_add_rms_norm`) where the call takes the ``gemv``
+        path with at most ``NORM_MAX_ROWS`` rows; else None (the decoder's own kernels)."""
+        if x.dim() != 2 or select_path(layer, x.shape[0], x.dtype) != "gemv":
+            return None
+        from engine_sdk.layers.split_k import fuses_add_rms_norm
+
+        from engine_awq.gemv import awq_gemv_add_rms_norm
+
+        if not fuses_add_rms_norm(x, residual, norm_weight):
+            return None
+        return awq_gemv_add_rms_norm(
+            x, residual, norm_weight, eps, layer.tiled_qweight, layer.tiled_zeros,
+            layer.scales, layer.awq_group_size, layer.awq_chunk, bias, None, layer.gemv_locks,
+        )  # fmt: skip
+
     def merge(
         self, layers: Sequence[torch.nn.Module], merged: torch.nn.Module
     ) -> QuantizationMethod | None:

@@ -137,3 +137,50 @@ def test_refuses_what_it_cannot_run() -> None:
     with pytest.raises(AssertionError, match="chunk 128"):
         awq_gemv(_x(4, 192, torch.float16), qweight, zeros, scales, 64, chunk,
                  config=GemvConfig("dot", 16))  # fmt: skip
+
+
+# (tokens, K, N, group, config): split parts that each own a slice of the normalized row
+# (384 = 3 chunks over 2 parts, 640 = 5 over 3), both variants, 64-row chunks, and a row
+# longer than one norm block at 4 tokens (K 1152: blocks of 1024).
+NORM_CASES = [
+    (1, 384, 72, 128, GemvConfig("fma", 32, split=2)),
+    (1, 640, 40, 32, GemvConfig("fma", 16, split=3)),
+    (2, 384, 72, 64, GemvConfig("dot", 32, split=2)),
+    (3, 640, 48, 128, GemvConfig("fma", 32, num_warps=2, split=3)),
+    (4, 1152, 40, 128, GemvConfig("fma", 16, split=4)),
+    (1, 192, 40, 64, None),
+]
+
+
+@pytest.mark.parametrize(("num_tokens", "num_in", "num_out", "group_size", "config"), NORM_CASES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_gemv_add_rms_norm_equals_norm_then_gemv(
+    num_tokens: int,
+    num_in: int,
+    num_out: int,
+    group_size: int,
+    config: GemvConfig | None,
+    dtype: torch.dtype,
+) -> None:
+    """The fused residual add and RMSNorm: the new residual is exactly ``x + residual``,
+    and the output equals the add+norm kernel's result through the GEMV. Each split part
+    normalizes its own K slice with the whole row's norm: a slice normalized with a partial
+    sum of squares, or a part left unnormalized, breaks the comparison."""
+    from engine_awq.gemv import awq_gemv_add_rms_norm
+    from engine_sdk.layers import fused_ops
+
+    qweight, zeros, scales, chunk, reference = _tiled(num_in, num_out, group_size)
+    x = _x(num_tokens, num_in, dtype, seed=3) * 4
+    residual = _x(num_tokens, num_in, dtype, seed=4)
+    weight = (torch.rand(num_in, generator=torch.Generator().manual_seed(5)) + 0.5).to(dtype)
+    weight = weight.to(DEVICE)
+    b = _bias(num_out)
+    out, new_residual = awq_gemv_add_rms_norm(
+        x, residual, weight, 1e-6, qweight, zeros, scales, group_size, chunk, b, config
+    )
+    normed, summed = fused_ops.add_rms_norm(x, residual, weight, 1e-6)  # the unfused kernel
+    assert torch.equal(new_residual, summed)
+    assert new_residual.data_ptr() != residual.data_ptr()
+    assert _rel_err(out, _want(normed, reference, b)) <= TOLERANCE[dtype]
+    unfused = awq_gemv(normed, qweight, zeros, scales, group_size, chunk, b, config)
+    assert _rel_err(out, unfused.double().cpu()) <= TOLERANCE[dtype] / 4

@@ -33,7 +33,15 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from engine_sdk.layers.split_k import plan_split_k, store_split_k_tile, tuned_config
+from engine_sdk.layers.split_k import (
+    NormArgs,
+    norm_args,
+    norm_launch_args,
+    norm_rows_into,
+    plan_split_k,
+    store_split_k_tile,
+    tuned_config,
+)
 
 __all__ = [
     "GEMV_PROGRAMS_PER_SM",
@@ -41,6 +49,7 @@ __all__ = [
     "GemvConfig",
     "default_gemv_config",
     "fp8_gemv",
+    "fp8_gemv_add_rms_norm",
     "gemv_config",
 ]
 
@@ -79,6 +88,12 @@ def _gemv_kernel(
     stride_sn,
     stride_sk,
     stride_om,
+    r_ptr,
+    nw_ptr,
+    xn_ptr,
+    res_ptr,
+    eps,
+    stride_rm,
     SCALE: tl.constexpr,
     SCALE_ROWS: tl.constexpr,
     SCALE_COLS: tl.constexpr,
@@ -89,6 +104,9 @@ def _gemv_kernel(
     USE_DOT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,
+    NORM: tl.constexpr,
+    NORM_M: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -99,6 +117,13 @@ def _gemv_kernel(
     mask_m = offs_m < M
     k_begin = pid_s * steps_per_split * BLOCK_K
     k_end = tl.minimum(k_begin + steps_per_split * BLOCK_K, K)
+    if NORM:  # x := rms_norm(x + r) * nw over this program's K range (split_k.norm_rows_into)
+        norm_rows_into(
+            x_ptr, r_ptr, nw_ptr, xn_ptr, res_ptr, M, K, eps, k_begin, k_end, stride_xm,
+            stride_rm, pid_n == 0, NORM_M, NORM_BLOCK,
+        )  # fmt: skip
+        x_ptr = xn_ptr
+        stride_xm = K
     w_rows = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
     s_rows = s_ptr + (offs_n // SCALE_ROWS) * stride_sn  # block scales of each row
     if USE_DOT:
@@ -220,6 +245,41 @@ def fp8_gemv(
     one element, [N, 1] per channel, or block tiles with ``block`` = (b0, b1). ``locks``:
     the caller's split-K counters (:func:`engine_sdk.layers.split_k.split_k_locks`, at
     least ``cdiv(N, block_n)``); None makes zeroed ones per call."""
+    return _launch(x, weight, weight_scale, block, bias, config, locks, None)
+
+
+def fp8_gemv_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    block: tuple[int, int] | None = None,
+    bias: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+    locks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fp8_gemv` of ``rms_norm(x + residual) * norm_weight`` and ``x + residual``
+    (the new residual) in one launch, for at most ``NORM_MAX_ROWS`` rows of
+    :mod:`engine_sdk.layers.split_k`: equal to the decoder's add+norm kernel, then
+    :func:`fp8_gemv`."""
+    norm = norm_args(x, residual, norm_weight, eps)
+    out = _launch(x, weight, weight_scale, block, bias, config, locks, norm)
+    return out, norm.new_residual
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    block: tuple[int, int] | None,
+    bias: torch.Tensor | None,
+    config: GemvConfig | None,
+    locks: torch.Tensor | None,
+    norm: NormArgs | None,
+) -> torch.Tensor:
+    """One launch of the GEMV, with the add+norm prologue when ``norm`` is given."""
     num_tokens, num_in = x.shape
     num_out = weight.shape[0]
     assert 0 < num_tokens <= MAX_TOKENS, f"the GEMV takes 1 to {MAX_TOKENS} rows"
@@ -242,13 +302,15 @@ def fp8_gemv(
     num_steps = triton.cdiv(num_in, config.block_k)
     n_tiles = triton.cdiv(num_out, config.block_n)
     plan = plan_split_k(x, num_out, n_tiles, num_steps, GEMV_PROGRAMS_PER_SM, config.split, locks)
+    norm_operands, norm_constants = norm_launch_args(x, norm)
     _gemv_kernel[(n_tiles, plan.split)](
         x, weight, weight_scale, bias if bias is not None else weight_scale, plan.out,
         plan.parts, plan.locks, num_tokens, num_out, num_in, plan.steps_per_split, plan.split,
         x.stride(0), weight.stride(0), stride_sn, stride_sk, plan.out.stride(0),
+        *norm_operands,
         SCALE=mode, SCALE_ROWS=scale_rows, SCALE_COLS=scale_cols,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, USE_DOT=use_dot, HAS_BIAS=bias is not None,
-        SPLIT=plan.split > 1, num_warps=config.num_warps,
+        SPLIT=plan.split > 1, num_warps=config.num_warps, **norm_constants,
     )  # fmt: skip
     return plan.out

@@ -264,6 +264,31 @@ class Fp8LinearMethod(QuantizationMethod):
 
     # -- matmul -----------------------------------------------------------------------
 
+    def apply_add_rms_norm(
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The decoder's residual add and RMSNorm inside the decode GEMV
+        (:func:`engine_fp8.gemv.fp8_gemv_add_rms_norm`) where the call takes the ``gemv``
+        path with at most ``NORM_MAX_ROWS`` rows; else None (the decoder's own kernels)."""
+        if x.dim() != 2 or select_path(layer, x.shape[0], x.dtype) != "gemv":
+            return None
+        from engine_sdk.layers.split_k import fuses_add_rms_norm
+
+        from engine_fp8.gemv import fp8_gemv_add_rms_norm
+
+        if not fuses_add_rms_norm(x, residual, norm_weight):
+            return None
+        return fp8_gemv_add_rms_norm(
+            x, residual, norm_weight, eps, layer.weight, self._weight_scale(layer),
+            self._block(), bias, None, getattr(layer, "gemv_locks", None),
+        )  # fmt: skip
+
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:

@@ -111,3 +111,46 @@ def test_default_config_fits_the_scale_block() -> None:
     assert default_gemv_config(1, 4096, (128, 48)).block_k == 16
     assert default_gemv_config(1, 4096).variant == "fma"
     assert default_gemv_config(2, 4096).variant == "dot"
+
+
+# (tokens, K, N, config): parts that each own a slice of the normalized row (200 over 3
+# parts leaves a partial last step), both variants, and a row longer than one norm block
+# at 4 tokens (K 1100: blocks of 1024).
+NORM_CASES = [
+    (1, 200, 72, GemvConfig("fma", 32, 32, split=3)),
+    (2, 320, 80, GemvConfig("dot", 32, 64, split=3)),
+    (3, 256, 40, GemvConfig("fma", 16, 32, split=2)),
+    (4, 1100, 40, GemvConfig("fma", 16, 64, split=4)),
+    (1, 256, 64, None),
+]
+
+
+@pytest.mark.parametrize(("num_tokens", "num_in", "num_out", "config"), NORM_CASES)
+@pytest.mark.parametrize("kind", ["channel", "block"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_gemv_add_rms_norm_equals_norm_then_gemv(
+    kind: str, num_tokens: int, num_in: int, num_out: int, config: GemvConfig | None,
+    dtype: torch.dtype,
+) -> None:  # fmt: skip
+    """The fused residual add and RMSNorm: the new residual is exactly ``x + residual``,
+    and the output equals the add+norm kernel's result through the GEMV; each split part
+    normalizes its own K slice with the whole row's norm."""
+    from engine_fp8.gemv import fp8_gemv_add_rms_norm
+    from engine_sdk.layers import fused_ops
+
+    q, scale, block, dequantized = _weights(kind, num_out, num_in)
+    x = _x(num_tokens, num_in, dtype, seed=3) * 4
+    residual = _x(num_tokens, num_in, dtype, seed=4)
+    weight = (torch.rand(num_in, generator=torch.Generator().manual_seed(5)) + 0.5).to(DEVICE)
+    weight = weight.to(dtype)
+    bias = torch.randn(num_out, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    if config is not None and block is not None and block[1] % config.block_k:
+        config = config._replace(block_k=block[1])
+    out, new_residual = fp8_gemv_add_rms_norm(
+        x, residual, weight, 1e-6, q, scale, block, bias, config
+    )
+    normed, summed = fused_ops.add_rms_norm(x, residual, weight, 1e-6)  # the unfused kernel
+    assert torch.equal(new_residual, summed)
+    assert _rel_err(out, _want(normed, dequantized, bias)) <= TOLERANCE[dtype]
+    unfused = fp8_gemv(normed, q, scale, block, bias, config)
+    assert _rel_err(out, unfused) <= TOLERANCE[dtype] / 4

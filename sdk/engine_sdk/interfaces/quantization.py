@@ -39,6 +39,28 @@ class QuantizationMethod(ABC):
     ) -> torch.Tensor:
         """Compute ``x @ W.T + bias`` with the layer's stored weights."""
 
+    def apply_add_rms_norm(
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Optional decode fusion: ``(apply(rms_norm(x + residual) * norm_weight), x +
+        residual)`` in one kernel, for ``x`` and ``residual`` [M, K] and ``norm_weight`` [K].
+
+        The SDK decoder offers it where an RMSNorm feeds this layer (q/k/v after the input
+        norm, gate/up after the post-attention norm) and the layer runs nothing but this
+        method in the step; it saves the norm's launch at decode. Return ``None`` for a
+        call the method does not fuse (the default: every call); the decoder then runs its
+        add+norm kernel and :meth:`apply`. The results must equal that path's: the sum
+        rounded to the dtype (it is the new residual, returned in a new tensor), the
+        normalized value rounded, then times ``norm_weight``, rounded.
+        """
+        return None
+
     def merge(
         self, layers: Sequence[torch.nn.Module], merged: torch.nn.Module
     ) -> QuantizationMethod | None:

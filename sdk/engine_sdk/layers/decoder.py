@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 import torch
 
 from engine_sdk.interfaces.model import ModelArchitecture, ModelContext
-from engine_sdk.layers import fused_ops, gemv
+from engine_sdk.layers import fused_ops
 from engine_sdk.layers.activation import GatedMLP
 from engine_sdk.layers.attention import KV_SCALE_SUFFIXES, Attention, load_kv_scale
 from engine_sdk.layers.embedding import LMHead, VocabEmbedding
-from engine_sdk.layers.linear import Linear, is_plain_linear, merge_linears
+from engine_sdk.layers.linear import Linear, is_method_only, merge_linears
 from engine_sdk.layers.norm import RMSNorm
 from engine_sdk.layers.parallel import (
     ColumnParallelLinear,
@@ -279,15 +279,14 @@ class DecoderLayer(torch.nn.Module):
 def _norm_then_gemv(
     norm: torch.nn.Module, proj: Linear | None, x: torch.Tensor, residual: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(proj(norm(x + residual)), x + residual)`` as one GEMV (``gemv_add_rms_norm``)
-    for a plain RMSNorm followed by a plain projection at a few rows; else None."""
-    if type(norm) is not RMSNorm or proj is None or not is_plain_linear(proj):
-        return None
-    weight: torch.Tensor = proj.weight  # type: ignore[assignment]
-    if not gemv.use_gemv_add_rms_norm(x, residual, weight):
+    """``(proj(norm(x + residual)), x + residual)`` as one kernel, the projection's
+    quantization method's ``apply_add_rms_norm`` (the unquantized one:
+    ``gemv.gemv_add_rms_norm``), for a plain RMSNorm before a projection that runs only its
+    method in this step; None where the method does not fuse the call."""
+    if type(norm) is not RMSNorm or proj is None or not is_method_only(proj):
         return None
     assert isinstance(norm, RMSNorm)
-    return gemv.gemv_add_rms_norm(x, residual, norm.weight, norm.eps, weight, proj.bias)
+    return proj.quant_method.apply_add_rms_norm(proj, x, residual, norm.weight, norm.eps, proj.bias)
 
 
 class DecoderModel(torch.nn.Module):

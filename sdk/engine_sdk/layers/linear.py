@@ -21,7 +21,14 @@ if TYPE_CHECKING:
     from engine_sdk.interfaces.quantization import QuantizationConfig
     from engine_sdk.layers.lora import LoRALayer
 
-__all__ = ["Linear", "UnquantizedLinearMethod", "is_plain_linear", "merge_linears", "share_merged"]
+__all__ = [
+    "Linear",
+    "UnquantizedLinearMethod",
+    "is_method_only",
+    "is_plain_linear",
+    "merge_linears",
+    "share_merged",
+]
 
 
 class UnquantizedLinearMethod(QuantizationMethod):
@@ -44,6 +51,22 @@ class UnquantizedLinearMethod(QuantizationMethod):
         if gemv.use_gemv(x, weight):  # a few rows (decode): the weight read is the cost
             return gemv.gemv(x, weight, bias)
         return torch.nn.functional.linear(x, weight, bias)
+
+    def apply_add_rms_norm(
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``gemv.gemv_add_rms_norm`` where it runs (a few rows on CUDA, rows of at most
+        ``gemv.NORM_MAX_K``), else None."""
+        weight: torch.Tensor = layer.weight  # type: ignore[assignment]
+        if not gemv.use_gemv_add_rms_norm(x, residual, weight):
+            return None
+        return gemv.gemv_add_rms_norm(x, residual, norm_weight, eps, weight, bias)
 
     def merge(
         self, layers: Sequence[torch.nn.Module], merged: torch.nn.Module
@@ -104,18 +127,24 @@ class Linear(torch.nn.Module):
         return f"in={self.input_size}, out={self.output_size}, method={method}"
 
 
-def is_plain_linear(layer: torch.nn.Module | None) -> bool:
-    """Whether ``layer(x)`` is just ``x @ layer.weight.T + layer.bias`` in this step: a
-    ``Linear`` with its own forward, an unquantized weight and no adapter token in the
-    step (no LoRA, or LoRA whose context is inactive: a base-only step or a CUDA graph
-    captured for one). A fused decode kernel (``gemv.gemv_add_rms_norm``) may then read
-    its weight itself."""
+def is_method_only(layer: torch.nn.Module | None) -> bool:
+    """Whether ``layer(x)`` is just its quantization method's ``apply`` in this step: a
+    ``Linear`` with its own forward and no adapter token in the step (no LoRA, or LoRA
+    whose context is inactive: a base-only step or a CUDA graph captured for one). A
+    fused decode kernel (``QuantizationMethod.apply_add_rms_norm``) may then stand in for
+    the norm before it and the layer."""
     return (
         isinstance(layer, Linear)
         and type(layer).forward is Linear.forward
         and (layer.lora is None or not layer.lora.context.active)
-        and type(layer.quant_method) is UnquantizedLinearMethod
     )
+
+
+def is_plain_linear(layer: torch.nn.Module | None) -> bool:
+    """Whether ``layer(x)`` is just ``x @ layer.weight.T + layer.bias`` in this step:
+    :func:`is_method_only` with an unquantized weight, which a fused kernel may read
+    itself."""
+    return is_method_only(layer) and type(layer.quant_method) is UnquantizedLinearMethod  # type: ignore[union-attr]
 
 
 def merge_linears(layers: list[Linear]) -> Linear | None:

@@ -30,6 +30,12 @@ Two ways to add them, both deterministic (the parts are always added in the orde
 Used by the quantization plugins' kernels (AWQ W4A16, FP8 W8A16); imported only where a
 kernel runs (it needs Triton).
 
+The decoder's residual add and RMSNorm can run inside a GEMV (:func:`norm_rows_into`): each
+program forms the sum of squares of its rows of ``x + residual`` over the whole K (a few KB,
+read from L2), writes the normalized values of its own K range into a scratch ``xn``
+[M, K] and then reads its activations from there; programs of the same range write the
+same values. One launch fewer per norm at decode.
+
 Measured tiles: a plugin may ship ``<package>/tuned/<device name>.json`` (written by
 ``benchmarks/quant_gemv_gpu.py --write-tuned``), which maps ``"kernel,N,K,tokens"`` to a
 tile that a sweep on that GPU found fastest; :func:`tuned_config` looks one up for a call
@@ -57,18 +63,78 @@ __all__ = [
     "reduce_split_k",
     "split_k_locks",
     "store_split_k",
+    "NORM_MAX_ROWS",
+    "NormArgs",
+    "fuses_add_rms_norm",
+    "norm_args",
+    "norm_launch_args",
+    "norm_rows_into",
     "store_split_k_tile",
     "tuned_config",
     "tuned_file_name",
 ]
 
 CPU_MULTIPROCESSORS = 4  # what Triton's interpreter pretends (tests on CPUs)
+NORM_MAX_ROWS = 4  # norm_rows_into at most here: every program re-reads its rows
 TUNED_TOKENS = (1, 4, 16)  # token counts the tile sweeps time; a call takes the next one up
 
 
 @functools.lru_cache(maxsize=8)
 def _multiprocessors(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+class NormArgs(NamedTuple):
+    """A GEMV's add+norm prologue (:func:`norm_rows_into`): the residual and RMSNorm weight
+    it adds and applies, and the scratch and new-residual outputs."""
+
+    residual: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    xn: torch.Tensor
+    new_residual: torch.Tensor
+
+
+def fuses_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a GEMV's add+norm prologue takes these operands: ``x`` and ``residual`` [M,
+    K] alike with contiguous rows, M at most ``NORM_MAX_ROWS``, ``weight`` [K]."""
+    return (
+        x.dim() == 2
+        and 0 < x.shape[0] <= NORM_MAX_ROWS
+        and x.stride(1) == 1
+        and residual.shape == x.shape
+        and residual.dtype == x.dtype
+        and residual.stride(1) == 1
+        and weight.shape == (x.shape[1],)
+    )
+
+
+def norm_args(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> NormArgs:
+    """Check the operands of a fused add+norm for ``x`` [M, K] and allocate its outputs."""
+    assert fuses_add_rms_norm(x, residual, weight), "operands the add+norm prologue cannot take"
+    xn = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return NormArgs(residual, weight, eps, xn, torch.empty_like(xn))
+
+
+def norm_launch_args(
+    x: torch.Tensor, norm: NormArgs | None
+) -> tuple[tuple[object, ...], dict[str, object]]:
+    """The kernel arguments of the prologue: ``(r_ptr, nw_ptr, xn_ptr, res_ptr, eps,
+    stride_rm)`` and the constants ``NORM``, ``NORM_M``, ``NORM_BLOCK`` (placeholders
+    when ``norm`` is None)."""
+    rows, k = x.shape
+    norm_m = triton.next_power_of_2(rows)
+    constants = {
+        "NORM": norm is not None,
+        "NORM_M": norm_m,
+        "NORM_BLOCK": max(16, min(triton.next_power_of_2(k), 4096 // norm_m)),
+    }
+    if norm is None:
+        return (x, x, x, x, 0.0, x.stride(0)), constants
+    operands = (norm.residual, norm.weight, norm.xn, norm.new_residual, norm.eps)
+    return (*operands, norm.residual.stride(0)), constants
 
 
 def tuned_file_name(device_name: str) -> str:
@@ -276,3 +342,54 @@ def store_split_k_tile(  # type: ignore[no-untyped-def]
         acc, out_ptr + rows * stride_om + cols, mask, bias_ptr + cols + 0 * rows,
         part_ptr + rows * N + cols, M * N, lock_ptr, pid_s, num_splits, HAS_BIAS, SPLIT,
     )  # fmt: skip
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def norm_rows_into(  # type: ignore[no-untyped-def]
+    x_ptr,
+    r_ptr,
+    nw_ptr,
+    xn_ptr,
+    res_ptr,
+    M,
+    K,
+    eps,
+    k_begin,
+    k_end,
+    stride_xm,
+    stride_rm,
+    write_res,
+    NORM_M: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
+):
+    """For rows ``s = x + r`` [M, K] (``NORM_M`` >= M): ``xn[:, k] = rms_norm(s) * nw`` for
+    ``k`` in [k_begin, k_end), and ``res[:, k] = s`` there too where ``write_res``
+    (``xn`` and ``res`` contiguous [M, K]), then a block barrier, so the program's threads
+    may read ``xn``. The roundings are those of the unfused add+norm kernel: the sum to the
+    dtype, the normalized value to the dtype, then times the weight, rounded."""
+    offs_m = tl.arange(0, NORM_M)
+    m_ok = offs_m < M
+    offs = tl.arange(0, NORM_BLOCK)
+    x_rows = x_ptr + offs_m[:, None] * stride_xm
+    r_rows = r_ptr + offs_m[:, None] * stride_rm
+    sq = tl.zeros((NORM_M,), dtype=tl.float32)
+    for k0 in range(0, K, NORM_BLOCK):
+        k = k0 + offs
+        ok = m_ok[:, None] & (k < K)[None, :]
+        x = tl.load(x_rows + k[None, :], mask=ok, other=0.0).to(tl.float32)
+        r = tl.load(r_rows + k[None, :], mask=ok, other=0.0).to(tl.float32)
+        s = (x + r).to(xn_ptr.dtype.element_ty).to(tl.float32)
+        sq += tl.sum(s * s, axis=1)
+    rstd = tl.rsqrt(sq / K + eps)
+    for k0 in range(k_begin, k_end, NORM_BLOCK):
+        k = k0 + offs
+        ok = m_ok[:, None] & (k < k_end)[None, :]
+        x = tl.load(x_rows + k[None, :], mask=ok, other=0.0).to(tl.float32)
+        r = tl.load(r_rows + k[None, :], mask=ok, other=0.0).to(tl.float32)
+        s = (x + r).to(xn_ptr.dtype.element_ty)
+        out = offs_m[:, None] * K + k[None, :]
+        tl.store(res_ptr + out, s, mask=ok & write_res)
+        y = (s.to(tl.float32) * rstd[:, None]).to(xn_ptr.dtype.element_ty).to(tl.float32)
+        nw = tl.load(nw_ptr + k, mask=k < k_end, other=0.0).to(tl.float32)
+        tl.store(xn_ptr + out, (y * nw[None, :]).to(xn_ptr.dtype.element_ty), mask=ok)
+    tl.debug_barrier()
