@@ -161,3 +161,41 @@ def test_tiny_model_tiled_kernels_match_the_reference_layout(tmp_path: Path) -> 
         tiled_tokens, tiled_logits = greedy(tiled, prompt, 2)
         assert tiled_tokens == tokens
         torch.testing.assert_close(tiled_logits.float(), logits.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_tiny_model_fuses_the_norm_into_decode_gemvs(tmp_path: Path, monkeypatch) -> None:
+    """With at most four rows the decoder hands the residual add and RMSNorm to the AWQ
+    GEMV (``AwqLinearMethod.apply_add_rms_norm``); the tokens and logits equal those of the
+    same tiled model with that fusion refused (the decoder's own norm kernels)."""
+    if DEVICE != "cpu":
+        pytest.skip("builds the model on the CPU")
+    from engine_awq import gemv
+
+    model_dir = build_tiny_model(tmp_path / "m", "Qwen3ForCausalLM", seed=5)
+    state = quantized_state(model_dir, lambda w: awq_gemm(w, 32))
+    cfg = AwqConfig.from_config({**CONFIG, "group_size": 32})
+    model = build_model(model_dir, cfg, state).half()
+    for module in model.modules():
+        if isinstance(getattr(module, "quant_method", None), AwqLinearMethod):
+            assert module.quant_method.repack(module)
+    model.merge_projections()
+    calls = []
+    real = gemv.awq_gemv_add_rms_norm
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args[0].shape[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gemv, "awq_gemv_add_rms_norm", spy)
+    prompt = [5, 17, 42]
+    tokens, logits = greedy(model, prompt, 2)
+    layers = len(model.model.layers)
+    # per step: q/k/v of every layer but the first (its input has no residual yet), and
+    # gate/up of every layer; 3 rows, then 4
+    assert calls == [3] * (2 * layers - 1) + [4] * (2 * layers - 1)
+    monkeypatch.setattr(AwqLinearMethod, "apply_add_rms_norm", lambda *a, **k: None)
+    calls.clear()
+    plain_tokens, plain_logits = greedy(model, prompt, 2)
+    assert calls == []
+    assert tokens == plain_tokens
+    torch.testing.assert_close(logits.float(), plain_logits.float(), rtol=1e-2, atol=1e-2)

@@ -209,3 +209,31 @@ def test_merged_w8a16_equals_concatenation(layout: str, ran: list[str]) -> None:
             got = merged(x).float()
         assert len(ran) == 1
         assert (got - want).abs().max().item() <= 2e-3 * want.abs().max().item()
+
+
+@pytest.mark.parametrize("layout", ["ct_channel_token", "fp8_block"])
+@pytest.mark.parametrize("num_tokens", [1, 4, 5])
+def test_layer_fuses_add_rms_norm_up_to_four_rows(layout: str, num_tokens: int) -> None:
+    """``Fp8LinearMethod.apply_add_rms_norm`` (what the decoder calls before q/k/v and
+    gate/up): up to four rows it returns the layer's output on ``add_rms_norm(x,
+    residual)`` and the new residual, from one kernel; above, None."""
+    from engine_sdk.layers import fused_ops
+
+    (layer,) = _layers(layout, ((64, 1.0),))
+    x = _x(num_tokens, 128, torch.float16, seed=3)
+    residual = _x(num_tokens, 128, torch.float16, seed=4)
+    norm_weight = (1 + 0.1 * _x(1, 128, torch.float16, seed=5)).reshape(128)
+    with torch.inference_mode():
+        pair = layer.quant_method.apply_add_rms_norm(
+            layer, x, residual, norm_weight, 1e-6, layer.bias
+        )
+        normed, summed = fused_ops.add_rms_norm(x, residual, norm_weight, 1e-6)
+        want = layer(normed)
+    if num_tokens > 4:
+        assert pair is None
+        return
+    assert pair is not None
+    out, new_residual = pair
+    assert torch.equal(new_residual, summed)
+    assert _rel_err(out, want.double()) <= 2e-3
+    assert not layer.gemv_locks.any()
