@@ -231,13 +231,13 @@ class AwqLinearMethod(QuantizationMethod):
         """The decoder's residual add and RMSNorm inside the decode GEMV
         (:func:`engine_awq.gemv.awq_gemv_add_rms_norm`) where the call takes the ``gemv``
         path with at most ``NORM_MAX_ROWS`` rows; else None (the decoder's own kernels)."""
-        if x.dim() != 2 or select_path(layer, x.shape[0], x.dtype) != "gemv":
-            return None
         from engine_sdk.layers.split_k import fuses_add_rms_norm
 
         from engine_awq.gemv import awq_gemv_add_rms_norm
 
-        if not fuses_add_rms_norm(x, residual, norm_weight):
+        if not fuses_add_rms_norm(x, residual, norm_weight):  # [M, K] with M <= NORM_MAX_ROWS
+            return None
+        if select_path(layer, x.shape[0], x.dtype) != "gemv":
             return None
         return awq_gemv_add_rms_norm(
             x, residual, norm_weight, eps, layer.tiled_qweight, layer.tiled_zeros,

@@ -276,13 +276,13 @@ class Fp8LinearMethod(QuantizationMethod):
         """The decoder's residual add and RMSNorm inside the decode GEMV
         (:func:`engine_fp8.gemv.fp8_gemv_add_rms_norm`) where the call takes the ``gemv``
         path with at most ``NORM_MAX_ROWS`` rows; else None (the decoder's own kernels)."""
-        if x.dim() != 2 or select_path(layer, x.shape[0], x.dtype) != "gemv":
-            return None
         from engine_sdk.layers.split_k import fuses_add_rms_norm
 
         from engine_fp8.gemv import fp8_gemv_add_rms_norm
 
-        if not fuses_add_rms_norm(x, residual, norm_weight):
+        if not fuses_add_rms_norm(x, residual, norm_weight):  # [M, K] with M <= NORM_MAX_ROWS
+            return None
+        if select_path(layer, x.shape[0], x.dtype) != "gemv":
             return None
         return fp8_gemv_add_rms_norm(
             x, residual, norm_weight, eps, layer.weight, self._weight_scale(layer),
