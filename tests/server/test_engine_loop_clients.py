@@ -71,15 +71,6 @@ def _add(rid: str) -> tuple[str, Any]:
     return ("add", SimpleNamespace(request_id=rid, params=params, core_requests=[]))
 
 
-def _recv_until(conn: Any, want: Any) -> list[tuple[Any, ...]]:
-    msgs = []
-    while True:
-        assert conn.poll(10), f"no message; had {msgs}"
-        msgs.append(conn.recv())
-        if want(msgs):
-            return msgs
-
-
 class _Reader:
     """Reads one client's pipe on a thread from the start, as an API server's reader thread
     does: the loop sends every client every step's stats, so a client whose pipe nobody
@@ -154,17 +145,24 @@ def test_a_client_that_goes_away_has_its_requests_aborted() -> None:
     (a, a_child), (b, b_child) = multiprocessing.Pipe(), multiprocessing.Pipe()
     loop = threading.Thread(target=_EngineLoop(engine, [a_child, b_child]).run, daemon=True)
     loop.start()
+    reader_b = _Reader(b)  # b is read all along, as its API server's reader thread does
     a.send(_add("mine"))
     b.send(_add("theirs"))
-    _recv_until(a, lambda ms: ("added", "mine", None) in ms)
-    _recv_until(b, lambda ms: ("added", "theirs", None) in ms)
+    # a is read here until both adds are in (an unread pipe fills with every step's stats
+    # and blocks the loop's send, which once starved b's reply on a loaded machine)
+    got_a: list[tuple[Any, ...]] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (
+        ("added", "mine", None) in got_a and ("added", "theirs", None) in reader_b.msgs
+    ):
+        if a.poll(0.05):
+            got_a.append(a.recv())
+    assert ("added", "mine", None) in got_a
+    assert ("added", "theirs", None) in reader_b.msgs
     a.close()  # the API server died: its end of the pipe is gone
-    # b's pipe holds many steps' messages sent before the loop saw a go: read until the
-    # abort shows (by time, not by message count, which depends on the machine's speed).
     deadline = time.monotonic() + 20
     while "mine" not in engine.aborted and time.monotonic() < deadline:
-        if b.poll(0.05):
-            b.recv()
+        time.sleep(0.01)
     assert engine.aborted == ["mine"]
     assert loop.is_alive(), "the other client's requests must go on"
     b.send(("stop",))
