@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_awq.gemv import MAX_TOKENS, GemvConfig, awq_gemv, default_gemv_config
+from engine_awq.packing import awq_dequantize, pack_awq
+from engine_awq.tiled import repack_tiled
 from engine_sdk.layers.split_k import split_k_locks
 from test_awq_w4a16 import TOLERANCE, _rel_err, _tiled, _x
 
@@ -101,6 +103,36 @@ def test_float32_is_exact_to_rounding() -> None:
         x = _x(num_tokens, 640, torch.float32)
         out = awq_gemv(x, qweight, zeros, scales, 32, chunk, None, config)
         assert _rel_err(out, _want(x, reference, None)) <= 1e-6
+
+
+def test_one_token_extreme_codes_zeros_and_activations() -> None:
+    """The one-token path's bit tricks at their edges: codes 0 and 15 against zero points 0
+    and 15 in every nibble position (the high nibbles, read from ``words >> 12``, included)
+    and activations from 1e-4 to 3e4 in one row, exact to float32 summation (interpreter)
+    or to the output's rounding (GPU)."""
+    num_in, num_out, group_size = 256, 32, 128
+    gen = torch.Generator().manual_seed(9)
+    codes = torch.randint(0, 2, (num_in, num_out), generator=gen) * 15  # only 0 and 15
+    codes[:, :4] = 15  # whole columns of 15 ...
+    codes[:, 4:8] = 0  # ... and of 0
+    zeros = torch.tensor([0, 15] * (num_out // 2))[None, :].repeat(num_in // group_size, 1)
+    scales = torch.rand(num_in // group_size, num_out, generator=gen).half() + 0.5
+    qweight, qzeros = pack_awq(codes), pack_awq(zeros)
+    reference = awq_dequantize(qweight, qzeros, scales, group_size, torch.float32)
+    tiled, tiled_zeros = repack_tiled(qweight, qzeros, 128)
+    magnitudes = 10.0 ** torch.linspace(-4, 4.5, num_in)
+    signs = torch.where(torch.rand(num_in, generator=gen) < 0.5, -1.0, 1.0)
+    for dtype, tolerance in ((torch.float32, 1e-6), (torch.bfloat16, TOLERANCE[torch.bfloat16])):
+        if dtype == torch.float32 and DEVICE != "cpu":
+            continue  # float32 is the interpreter's exactness check
+        x = (magnitudes * signs)[None, :].to(DEVICE, dtype)
+        out = awq_gemv(
+            x, tiled.to(DEVICE), tiled_zeros.to(DEVICE), scales.to(DEVICE), group_size, 128,
+            None, GemvConfig("fma", 16, split=2),
+        )  # fmt: skip
+        want = _want(x, reference, None)
+        assert want.abs().max() > 1e4
+        assert _rel_err(out, want) <= tolerance, dtype
 
 
 def test_counters_return_to_zero_and_replays_agree() -> None:
