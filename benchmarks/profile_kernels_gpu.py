@@ -53,6 +53,9 @@ def main() -> None:
     parser.add_argument("--short-gap-us", type=float, default=10.0)
     parser.add_argument("--quantization", default=None)
     parser.add_argument(
+        "--max-num-seqs", type=int, default=256, help="fewer: fewer CUDA graphs to capture"
+    )
+    parser.add_argument(
         "--cprofile",
         type=int,
         default=0,
@@ -66,6 +69,7 @@ def main() -> None:
         gpu_memory_utilization=0.5,
         async_scheduling=not args.sync,
         quantization=args.quantization,
+        max_num_seqs=args.max_num_seqs,
     )
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
     prompt = {"prompt_token_ids": list(range(100, 228))}
