@@ -64,16 +64,40 @@ def test_split_follows_the_shape(monkeypatch):
                 assert parts <= -(-k // block_k)
 
 
+def test_blocked_split_follows_the_shape(monkeypatch):
+    """The blocked shrink (decode batches from BLOCKED_MIN_TOKENS, prefill chunks) splits
+    K when its token blocks are fewer than the multiprocessors, never into empty parts."""
+    monkeypatch.setattr(split_k, "num_multiprocessors", lambda device: 132)
+    cpu = torch.device("cpu")
+    assert lora._blocked_split(256, 1024, cpu) == (8, 128)  # 16 blocks: 9 wanted, 16 steps
+    assert lora._blocked_split(256, 3072, cpu) == (8, 384)  # 48 steps: 9 wanted, 8 of 6 steps
+    assert lora._blocked_split(1024, 1024, cpu) == (3, 384)  # 64 blocks: 3 parts
+    assert lora._blocked_split(8192, 1024, cpu) == (1, 1024)  # 512 blocks: one part
+    for num_tokens in (128, 200, 256, 1000, 4096):
+        for k in (40, 300, 1024, 3072, 5000):
+            parts, k_per_part = lora._blocked_split(num_tokens, k, cpu)
+            assert k_per_part % 64 == 0
+            assert (parts - 1) * k_per_part < k <= parts * k_per_part  # none empty
+
+
+@pytest.mark.parametrize("blocked", [False, True], ids=["per-token", "blocked"])
 @pytest.mark.parametrize("num_parts", [1, 2, 3, 9])
 @pytest.mark.parametrize(("k", "r"), [(300, 48), (520, 24), (384, 16)])
-def test_each_part_is_its_k_range_and_they_sum_to_h(num_parts, k, r, poisoned_empty):
+def test_each_part_is_its_k_range_and_they_sum_to_h(num_parts, k, r, blocked, poisoned_empty):
     """Part ``p`` equals the product over its own K range, exactly one range per part,
-    the ranges covering K once; slot -1 tokens get zeros in every part."""
-    x, a, slots = _case(5, k, r, seed=k + r)
-    parts = lora_shrink_triton(x, a, slots, parts=True, num_parts=num_parts)
-    want_parts, _, k_per_part = lora._shrink_split(5, k, r, x.device, num_parts)
-    assert parts.shape == (want_parts, 5, r) and parts.dtype == torch.float32
-    assert want_parts == min(num_parts, -(-k // 128))  # BLOCK_K 128
+    the ranges covering K once; slot -1 tokens get zeros in every part. The blocked
+    kernel's token block (16) holds several slots and -1 here, and 18 tokens end in a
+    partial block."""
+    num_tokens = 18 if blocked else 5
+    x, a, slots = _case(num_tokens, k, r, seed=k + r)
+    parts = lora_shrink_triton(x, a, slots, blocked=blocked, parts=True, num_parts=num_parts)
+    if blocked:
+        want_parts, k_per_part = lora._blocked_split(num_tokens, k, x.device, num_parts)
+        assert want_parts == min(num_parts, -(-k // 64))  # BLOCK_K 64
+    else:
+        want_parts, _, k_per_part = lora._shrink_split(num_tokens, k, r, x.device, num_parts)
+        assert want_parts == min(num_parts, -(-k // 128))  # BLOCK_K 128
+    assert parts.shape == (want_parts, num_tokens, r) and parts.dtype == torch.float32
     ref = lora_shrink_reference(x, a, slots).cpu()
     for p in range(parts.shape[0]):
         cols = slice(p * k_per_part, min((p + 1) * k_per_part, k))
@@ -93,10 +117,13 @@ def test_public_shrink_returns_the_whole_h(num_parts, dtype, poisoned_empty):
     ref = lora_shrink_reference(x, a, slots).cpu()
     torch.testing.assert_close(h.cpu(), ref, atol=tol, rtol=tol)
     assert (h[slots < 0] == 0).all()
-    # the blocked kernel (one part) gives the same h, and parts=True adds a part axis
-    blocked = lora_shrink_triton(x, a, slots, blocked=True)
+    # the blocked kernel gives the same h (its parts summed), and parts=True a part axis
+    blocked = lora_shrink_triton(x, a, slots, blocked=True, num_parts=num_parts)
     torch.testing.assert_close(blocked.cpu(), ref, atol=tol, rtol=tol)
-    assert lora_shrink_triton(x, a, slots, blocked=True, parts=True).shape == (1, 6, 40)
+    want_parts = lora._blocked_split(6, 300, x.device, num_parts)[0]
+    assert want_parts == (1 if num_parts == 1 else 3)  # 5 steps of 64: 3 parts of 2 at most
+    got = lora_shrink_triton(x, a, slots, blocked=True, parts=True, num_parts=num_parts)
+    assert got.shape == (want_parts, 6, 40)
 
 
 @pytest.mark.parametrize("blocked", [False, True], ids=["per-token", "blocked"])
@@ -138,14 +165,19 @@ def _layer(sizes, k, dtype, max_rank=16, seed=0):
     return layer, adapters
 
 
+@pytest.mark.parametrize("blocked", [False, True], ids=["per-token", "blocked"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("sizes", [(64, 32, 32), (40, 24, 24), (48, 48), (72,)], ids=str)
-def test_layer_apply_with_many_parts(monkeypatch, sizes, dtype):
+def test_layer_apply_with_many_parts(monkeypatch, sizes, dtype, blocked):
     """``LoRALayer.apply`` on the kernels with the multiprocessor count raised so the
-    shrink splits K (300: two full blocks and a partial one) into 3 parts: two launches,
-    the expand taking the parts, the result the per-token, per-slice definition."""
+    shrink splits K (300: two full blocks and a partial one of 128 for the per-token kernel,
+    five steps of 64 for the blocked one) into 3 and 5 parts: two launches, the expand taking the parts, the result
+    the per-token, per-slice definition. ``blocked``: the threshold lowered so these six
+    tokens (one block, three slots and -1) take the blocked kernels."""
     monkeypatch.setattr(split_k, "num_multiprocessors", lambda device: 64)
     monkeypatch.setattr(lora, "_forced", lambda: True)
+    if blocked:
+        monkeypatch.setattr(lora, "BLOCKED_MIN_TOKENS", 1)
     launches: list[tuple[str, tuple]] = []
 
     class Counting:
@@ -156,7 +188,10 @@ def test_layer_apply_with_many_parts(monkeypatch, sizes, dtype):
             launches.append((self.name, grid))
             return self.kernel[grid]
 
-    for name in ("lora_shrink_kernel", "lora_expand_kernel"):
+    names = ["lora_shrink_kernel", "lora_expand_kernel"]
+    if blocked:
+        names = ["lora_shrink_blocked_kernel", "lora_expand_blocked_kernel"]
+    for name in names:
         monkeypatch.setattr(_lora_kernels, name, Counting(name, getattr(_lora_kernels, name)))
     k, num_tokens = 300, 6
     layer, adapters = _layer(sizes, k, dtype)
@@ -167,8 +202,9 @@ def test_layer_apply_with_many_parts(monkeypatch, sizes, dtype):
     layer.context.token_slots[:num_tokens] = slots.to(DEVICE)
     layer.context.active = True
     y = layer.apply(x, y0.clone())
-    assert [name for name, _ in launches] == ["lora_shrink_kernel", "lora_expand_kernel"]
-    assert launches[0][1] == (num_tokens, len(sizes), 3)  # rank blocks of 16
+    assert [name for name, _ in launches] == names
+    # per token: rank blocks of 16 x 3 parts; blocked: one block of 16 tokens x 5 parts
+    assert launches[0][1] == ((1, 5) if blocked else (num_tokens, len(sizes), 3))
     want = y0.float().cpu().clone()
     for t, s in enumerate(slots.tolist()):
         if s < 0:

@@ -126,7 +126,7 @@ def lora_expand_kernel(
     tl.store(y_ptrs, (y.to(tl.float32) + out).to(y.dtype), mask=offs_n < n1)
 
 
-# -- blocked versions for many tokens (prefill chunks; one part) ------------------------------
+# -- blocked versions for many tokens (large decode batches, prefill chunks) -----------------
 #
 # SGMV-style: a program takes BLOCK_M consecutive tokens. Tokens of one request are
 # consecutive in a step, so most blocks hold one slot; for each slot present in the block
@@ -135,17 +135,24 @@ def lora_expand_kernel(
 #
 #   rows  t0 t1 t2 t3 | t4 t5 t6 t7      slots  2 2 2 2 | 2 2 -1 0
 #   block 0: slot 2 only -> one dot      block 1: slot 2 dot (rows 4,5) + slot 0 dot (row 7)
+#
+# The shrink splits K as the per-token one does (grid: token blocks x K parts), since a
+# decode batch has few blocks (256 tokens: 16); the expand adds the parts as it loads its
+# block of h, once for all the block's slots.
 
 
 @triton.jit
 def lora_shrink_blocked_kernel(
-    x_ptr, a_ptr, h_ptr, slots_ptr,
-    T, K, R, NUM_SLOTS,
-    stride_xt, stride_as, stride_ar, stride_ht,
+    x_ptr, a_ptr, parts_ptr, slots_ptr,
+    T, K, R, NUM_SLOTS, K_PER_PART,
+    stride_xt, stride_as, stride_ar, stride_pp, stride_pt,
     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    part = tl.program_id(1)  # this program's K range: [part * K_PER_PART, +K_PER_PART)
+    k_start = part * K_PER_PART
+    k_end = tl.minimum(k_start + K_PER_PART, K)
     mask_m = offs_m < T
     row_slots = tl.load(slots_ptr + offs_m, mask=mask_m, other=-1)
     offs_r = tl.arange(0, BLOCK_R)
@@ -154,21 +161,22 @@ def lora_shrink_blocked_kernel(
         rows = row_slots == slot
         if tl.sum(rows.to(tl.int32), axis=0) > 0:
             a_base = a_ptr + slot * stride_as
-            for k0 in range(0, K, BLOCK_K):
+            for k0 in range(k_start, k_end, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 x = tl.load(
                     x_ptr + offs_m[:, None] * stride_xt + offs_k[None, :],
-                    mask=rows[:, None] & (offs_k[None, :] < K),
+                    mask=rows[:, None] & (offs_k[None, :] < k_end),
                     other=0.0,
                 )
                 a = tl.load(
                     a_base + offs_r[None, :] * stride_ar + offs_k[:, None],
-                    mask=(offs_r[None, :] < R) & (offs_k[:, None] < K),
+                    mask=(offs_r[None, :] < R) & (offs_k[:, None] < k_end),
                     other=0.0,
                 )  # [BLOCK_K, BLOCK_R]: A[slot].T
                 acc += tl.dot(x, a.to(x.dtype), input_precision=DOT_PRECISION)
+    # every row of the block, zeros for slot -1 (the parts are not zeroed beforehand)
     tl.store(
-        h_ptr + offs_m[:, None] * stride_ht + offs_r[None, :],
+        parts_ptr + part * stride_pp + offs_m[:, None] * stride_pt + offs_r[None, :],
         acc,
         mask=mask_m[:, None] & (offs_r[None, :] < R),
     )
@@ -177,8 +185,8 @@ def lora_shrink_blocked_kernel(
 @triton.jit
 def lora_expand_blocked_kernel(
     h_ptr, b_ptr, y_ptr, slots_ptr, starts_ptr,
-    T, N, R, NUM_SLOTS,
-    stride_ht, stride_bs, stride_bn, stride_yt,
+    T, N, R, NUM_SLOTS, NUM_PARTS,
+    stride_hp, stride_ht, stride_bs, stride_bn, stride_yt,
     NUM_SLICES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -187,24 +195,25 @@ def lora_expand_blocked_kernel(
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mask_m = offs_m < T
     row_slots = tl.load(slots_ptr + offs_m, mask=mask_m, other=-1)
-    offs_r = tl.arange(0, BLOCK_R)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    any_rows = tl.sum((row_slots >= 0).to(tl.int32), axis=0) > 0
-    for slot in range(0, NUM_SLOTS):
-        rows = row_slots == slot
-        if tl.sum(rows.to(tl.int32), axis=0) > 0:
-            h = tl.load(
-                h_ptr + offs_m[:, None] * stride_ht + s * R + offs_r[None, :],
-                mask=rows[:, None] & (offs_r[None, :] < R),
-                other=0.0,
-            )
-            b = tl.load(
-                b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None],
-                mask=(offs_n[None, :] < n1) & (offs_r[:, None] < R),
-                other=0.0,
-            )  # [BLOCK_R, BLOCK_N]: B[slot].T
-            acc += tl.dot(h.to(b.dtype), b, input_precision=DOT_PRECISION)
-    if any_rows:
+    if tl.sum((row_slots >= 0).to(tl.int32), axis=0) > 0:
+        offs_r = tl.arange(0, BLOCK_R)
+        # this slice's rank block of h for the whole block, the shrink's K parts added
+        h_ptrs = h_ptr + offs_m[:, None] * stride_ht + s * R + offs_r[None, :]
+        h_mask = (row_slots[:, None] >= 0) & (offs_r[None, :] < R)
+        h = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+        for p in range(0, NUM_PARTS):
+            h += tl.load(h_ptrs + p * stride_hp, mask=h_mask, other=0.0)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for slot in range(0, NUM_SLOTS):
+            rows = row_slots == slot
+            if tl.sum(rows.to(tl.int32), axis=0) > 0:
+                b = tl.load(
+                    b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None],
+                    mask=(offs_n[None, :] < n1) & (offs_r[:, None] < R),
+                    other=0.0,
+                )  # [BLOCK_R, BLOCK_N]: B[slot].T
+                h_slot = tl.where(rows[:, None], h, 0.0).to(b.dtype)
+                acc += tl.dot(h_slot, b, input_precision=DOT_PRECISION)
         y_ptrs = y_ptr + offs_m[:, None] * stride_yt + offs_n[None, :]
         mask = (row_slots[:, None] >= 0) & (offs_n[None, :] < n1)
         y = tl.load(y_ptrs, mask=mask, other=0.0)

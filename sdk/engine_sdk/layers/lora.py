@@ -263,6 +263,7 @@ _BLOCK_M = 16
 # the per-token shrink: rank rows and K columns of one program's tile
 _SHRINK_BLOCK_R = 16
 _SHRINK_BLOCK_K = 128
+_BLOCKED_BLOCK_K = 64  # the blocked shrink's K step
 
 
 def _dot_precision(dtype: torch.dtype) -> str | None:
@@ -278,14 +279,35 @@ def _shrink_split(
 
         1 token, K 3072, r 16, 132 SMs  ->  24 parts of 128      64 tokens, r 48  ->  1 part
     """
-    from engine_sdk.layers import split_k
-
     block_k = min(_block(k, 32), _SHRINK_BLOCK_K)
     programs = num_tokens * -(-r // _SHRINK_BLOCK_R)
+    parts, k_per_part = _k_parts(programs, k, block_k, device, num_parts)
+    return parts, block_k, k_per_part
+
+
+def _blocked_split(
+    num_tokens: int, k: int, device: torch.device, num_parts: int | None = None
+) -> tuple[int, int]:
+    """``(parts, K per part)`` of the blocked shrink: its ``cdiv(T, BLOCK_M)`` token blocks
+    are few at decode batches (256 tokens: 16 programs), so K is split too, to about one
+    program per multiprocessor; a long prefill chunk keeps one part::
+
+        256 tokens, K 1024, 132 SMs  ->  8 parts of 128      8192 tokens  ->  1 part
+    """
+    return _k_parts(-(-num_tokens // _BLOCK_M), k, _BLOCKED_BLOCK_K, device, num_parts)
+
+
+def _k_parts(
+    programs: int, k: int, block_k: int, device: torch.device, num_parts: int | None
+) -> tuple[int, int]:
+    """Split K (``cdiv(k, block_k)`` steps) into about ``SMs / programs`` parts, or
+    ``num_parts``: ``(parts, K per part)``, a whole number of steps each, none empty."""
+    from engine_sdk.layers import split_k
+
     if num_parts is None:
         num_parts = -(-split_k.num_multiprocessors(device) // max(programs, 1))
     parts, steps_per_part = split_k.pick_split(1, -(-k // block_k), num_parts)
-    return parts, block_k, steps_per_part * block_k
+    return parts, steps_per_part * block_k
 
 
 def lora_shrink_triton(
@@ -301,25 +323,27 @@ def lora_shrink_triton(
 
     ``parts=True`` returns the partial products ``[P, T, R]`` instead, whose sum over ``P``
     is ``h``: what :func:`lora_expand_triton` takes, adding them as it reads ``h`` (no
-    reduce launch). The blocked kernel gives one part; the per-token kernel
-    ``_shrink_split``'s count, or ``num_parts`` (at most one per ``BLOCK_K`` step of K)."""
+    reduce launch). The count is ``_blocked_split``'s (blocked kernel) or
+    ``_shrink_split``'s (per-token kernel), or ``num_parts`` (at most one per ``BLOCK_K``
+    step of K)."""
     from engine_sdk.layers._lora_kernels import lora_shrink_blocked_kernel, lora_shrink_kernel
 
     assert x.stride(-1) == 1 and lora_a.stride(-1) == 1
     num_tokens, k = x.shape
     r = lora_a.shape[1]
     if blocked if blocked is not None else num_tokens >= BLOCKED_MIN_TOKENS:
+        split, k_per_part = _blocked_split(num_tokens, k, x.device, num_parts)
         # empty, not zeros: the kernels write every row (zeros for slot -1), one launch less
-        h = torch.empty(num_tokens, r, dtype=torch.float32, device=x.device)
+        out = torch.empty(split, num_tokens, r, dtype=torch.float32, device=x.device)
         if num_tokens > 0:
-            lora_shrink_blocked_kernel[(-(-num_tokens // _BLOCK_M),)](
-                x, lora_a, h, slots,
-                num_tokens, k, r, lora_a.shape[0],
-                x.stride(0), lora_a.stride(0), lora_a.stride(1), h.stride(0),
-                BLOCK_M=_BLOCK_M, BLOCK_R=_block(r), BLOCK_K=64,
+            lora_shrink_blocked_kernel[(-(-num_tokens // _BLOCK_M), split)](
+                x, lora_a, out, slots,
+                num_tokens, k, r, lora_a.shape[0], k_per_part,
+                x.stride(0), lora_a.stride(0), lora_a.stride(1), out.stride(0), out.stride(1),
+                BLOCK_M=_BLOCK_M, BLOCK_R=_block(r), BLOCK_K=_BLOCKED_BLOCK_K,
                 DOT_PRECISION=_dot_precision(x.dtype),
             )  # fmt: skip
-        return h.unsqueeze(0) if parts else h
+        return _parts_or_sum(out, parts)
     split, block_k, k_per_part = _shrink_split(num_tokens, k, r, x.device, num_parts)
     out = torch.empty(split, num_tokens, r, dtype=torch.float32, device=x.device)
     if num_tokens > 0:
@@ -329,9 +353,13 @@ def lora_shrink_triton(
             x.stride(0), lora_a.stride(0), lora_a.stride(1), out.stride(0), out.stride(1),
             BLOCK_R=_SHRINK_BLOCK_R, BLOCK_K=block_k,
         )  # fmt: skip
+    return _parts_or_sum(out, parts)
+
+
+def _parts_or_sum(out: torch.Tensor, parts: bool) -> torch.Tensor:
     if parts:
         return out
-    return out[0] if split == 1 else out.sum(0)
+    return out[0] if out.shape[0] == 1 else out.sum(0)
 
 
 def lora_expand_triton(
@@ -359,12 +387,10 @@ def lora_expand_triton(
     # one slice: the kernel never reads the starts (any pointer does)
     starts = slices.starts if slices is not None and len(sizes) > 1 else slots
     if blocked if blocked is not None else num_tokens >= BLOCKED_MIN_TOKENS:
-        # the blocked shrink gives one part; a per-token shrink's parts are added first
-        h2 = parts[0] if parts.shape[0] == 1 else parts.sum(0)
         lora_expand_blocked_kernel[(-(-num_tokens // _BLOCK_M), num_tiles)](
-            h2, lora_b, y, slots, starts,
-            num_tokens, n, r, lora_b.shape[0],
-            h2.stride(0), lora_b.stride(0), lora_b.stride(1), y.stride(0),
+            parts, lora_b, y, slots, starts,
+            num_tokens, n, r, lora_b.shape[0], parts.shape[0],
+            parts.stride(0), parts.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0),
             NUM_SLICES=len(sizes), BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_R=_block(r),
             DOT_PRECISION=_dot_precision(lora_b.dtype),
         )  # fmt: skip
