@@ -141,6 +141,7 @@ def test_config_parses_with_engine_serve(overlay: str, tmp_path: Path) -> None:
 
 def test_hpa_reads_the_metric_the_adapter_serves() -> None:
     from engine.entrypoints.openai.metrics import ServerMetrics
+    from engine.outputs import SchedulerStats
 
     docs = by_key(rendered("autoscaler"))
     hpa = docs[("HorizontalPodAutoscaler", "engine")]
@@ -154,12 +155,8 @@ def test_hpa_reads_the_metric_the_adapter_serves() -> None:
     series = re.match(r"[\w:]+", rule["seriesQuery"])
     assert series is not None
 
-    class Stats:
-        num_running = num_waiting = num_preemptions = 0
-        kv_cache_usage = 0.0
-        prefix_cache_queries = prefix_cache_hits = 0
-
-    exported = ServerMetrics("m", lambda: Stats()).render().decode()
+    stats = SchedulerStats(0, 0, 0.0, 0, 0, 0, 0, 0)
+    exported = ServerMetrics("m", lambda: stats).render().decode()
     assert f"\n{series.group(0)}{{" in exported  # the server exports what the adapter reads
 
 

@@ -99,12 +99,10 @@ def test_vllm_names_labels_and_values(server: ServerProcess) -> None:
 
 def test_without_the_flag_only_engine_names() -> None:
     from engine.entrypoints.openai.metrics import ServerMetrics
+    from engine.outputs import SchedulerStats
 
-    class Stats:
-        num_running, num_waiting, kv_cache_usage, num_preemptions = 1, 2, 0.5, 0
-        prefix_cache_queries, prefix_cache_hits, num_total_blocks = 0, 0, 10
-
-    metrics = ServerMetrics("m", lambda: Stats())
+    stats = SchedulerStats(1, 2, 0.5, 0, 0, 0, 5, 10)
+    metrics = ServerMetrics("m", lambda: stats)
     text = metrics.render().decode()
     assert "engine:num_requests_waiting" in text and "vllm:" not in text
 

@@ -18,6 +18,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from engine.outputs import SchedulerStats
+
+# The engine client's ``stats`` (EngineClient.stats), read at scrape time
+StatsFn = Callable[[], SchedulerStats]
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (
@@ -34,18 +39,17 @@ API_REQUEST_KINDS = ("chat", "completion", "responses", "embeddings", "score", "
 LORA_INFO_LABELS = ["max_lora", "running_lora_adapters", "waiting_lora_adapters"]
 
 
-def lora_requests_info(prefix: str, stats: Any) -> GaugeMetricFamily:
+def lora_requests_info(prefix: str, stats: SchedulerStats) -> GaugeMetricFamily:
     """vLLM's ``lora_requests_info``: --max-loras and the adapters of running and waiting
     requests (comma-separated names) as labels, the scrape time as the value."""
     info = GaugeMetricFamily(
         f"{prefix}lora_requests_info", "Running stats on LoRA requests.", labels=LORA_INFO_LABELS
     )
-    # getattr: stats of an engine (or a stand-in) without the LoRA fields report none.
     info.add_metric(
         [
-            str(getattr(stats, "max_loras", 0)),
-            ",".join(getattr(stats, "running_lora_adapters", ())),
-            ",".join(getattr(stats, "waiting_lora_adapters", ())),
+            str(stats.max_loras),
+            ",".join(stats.running_lora_adapters),
+            ",".join(stats.waiting_lora_adapters),
         ],
         time.time(),
     )
@@ -55,7 +59,7 @@ def lora_requests_info(prefix: str, stats: Any) -> GaugeMetricFamily:
 class _SchedulerCollector(Collector):
     """Reads the scheduler's gauges and cumulative counters when Prometheus scrapes."""
 
-    def __init__(self, model_name: str, stats_fn: Callable[[], Any]) -> None:
+    def __init__(self, model_name: str, stats_fn: StatsFn) -> None:
         self.model_name = model_name
         self.stats_fn = stats_fn
 
@@ -105,7 +109,7 @@ class ThroughputTotals:
 class ServerMetrics:
     """All metrics of one app; thread-safe (the engine thread calls ``observe_iteration``)."""
 
-    def __init__(self, model_name: str, stats_fn: Callable[[], Any]) -> None:
+    def __init__(self, model_name: str, stats_fn: StatsFn) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry()
         # Rendered after ``registry`` (``--metrics-compat``: the same values, other names).

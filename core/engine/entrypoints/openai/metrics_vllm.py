@@ -20,14 +20,14 @@ series read, so the two never disagree within one scrape.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.entrypoints.openai.metrics import lora_requests_info
+from engine.entrypoints.openai.metrics import StatsFn, lora_requests_info
 
 SOURCE_PREFIX = "engine:"
 VLLM_PREFIX = "vllm:"
@@ -57,7 +57,7 @@ class VllmCompatCollector(Collector):
     def __init__(
         self,
         source: CollectorRegistry,
-        stats_fn: Callable[[], Any],
+        stats_fn: StatsFn,
         cache_config: dict[str, str],
         engine_index: int = 0,
     ) -> None:
@@ -113,7 +113,7 @@ def cache_config_labels(engine_args: Any) -> dict[str, str]:
 
 
 def vllm_compat_registry(
-    source: CollectorRegistry, stats_fn: Callable[[], Any], engine_args: Any
+    source: CollectorRegistry, stats_fn: StatsFn, engine_args: Any
 ) -> CollectorRegistry:
     """A registry to render after ``source``: its families under vLLM's names."""
     registry = CollectorRegistry()

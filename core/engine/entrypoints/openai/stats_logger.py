@@ -10,10 +10,9 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 
-from engine.entrypoints.openai.metrics import ServerMetrics
+from engine.entrypoints.openai.metrics import ServerMetrics, StatsFn
 
 logger = logging.getLogger("engine.server")
 
@@ -61,9 +60,7 @@ def ignored_fields_message(names: Iterable[str], num_names: int) -> str:
 
 
 class StatsLogger:
-    def __init__(
-        self, metrics: ServerMetrics, stats_fn: Callable[[], Any], interval_s: float
-    ) -> None:
+    def __init__(self, metrics: ServerMetrics, stats_fn: StatsFn, interval_s: float) -> None:
         self.metrics = metrics
         self.stats_fn = stats_fn
         self.interval_s = interval_s
