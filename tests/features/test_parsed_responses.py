@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 from engine.entrypoints.openai.api_server import build_app
-from engine.entrypoints.openai.chat_features import ChatFeatures, load_tool_parser_plugin
+from engine.entrypoints.openai.chat_features import ChatFeatures
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.serving_base import ServingContext
 from engine.errors import StartupError
 from engine.plugins import PluginManager
+from engine.plugins.chat_parsers import load_tool_parser_plugin
 from engine.server_config import ServerArgs
 from engine.testing.fake_client import FakeEngineClient
 from fastapi.testclient import TestClient
