@@ -5,6 +5,7 @@ both ran in one call. Run on the GPU machine from the repository root, after the
 anchor is unpacked (``../shared/vllm-anchor``: ``$HOME/v/env.sh`` and ``$VLLM_MODEL``):
 
     python3 benchmarks/side_by_side.py --parts w1,w4 --out $OUT/sbs.json
+    python3 benchmarks/side_by_side.py --parts llama8b_fp8,llama8b_awq --out $OUT/sbs_q.json
 
 Engine runs through its CLI (``engine bench``, async scheduling on, and off where a part
 lists ``sync``); vLLM runs its own ``vllm bench`` in a subshell with its environment, so
@@ -24,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from suite_extra import awq_variant
 
 HOME = Path(os.environ.get("HOME", "/root"))
 LLAMA_8B = {
@@ -174,9 +177,17 @@ def main() -> None:
                 v["fraction_of_bf16_roofline"] = v["prefill_tokens_per_s"] / ROOFLINE_TOK_S
             row["vllm"] = v
             key = "prefill_tokens_per_s"
-        elif part in ("w2", "llama8b"):
-            model = qwen if part == "w2" else llama_dir(work, qwen)
+        elif part.partition("_")[0] in ("w2", "llama8b"):
+            # w2 / llama8b, bf16; with _fp8 both engines quantize online (--quantization
+            # fp8), with _awq both load a copy whose config declares AutoAWQ 4-bit
+            shape, _, quant = part.partition("_")
+            model = qwen if shape == "w2" else llama_dir(work, qwen)
+            if quant not in ("", "fp8", "awq"):
+                raise SystemExit(f"unknown part {part!r}")
+            if quant == "awq":
+                model = awq_variant(model)
             iters = ["--num-iters", "3", "--num-iters-warmup", "1"]
+            iters += ["--quantization", "fp8"] if quant == "fp8" else []
             row["engine"] = engine(work, part, "latency", model, W2 + iters, False)
             if args.sync:
                 row["engine_sync"] = engine(
@@ -197,7 +208,7 @@ def main() -> None:
         row["metric"] = key
         table[part] = row
         args.out.write_text(json.dumps(table, indent=1))
-    print("\npart      metric                 engine      engine_sync  vllm        engine/vllm")
+    print("\npart        metric                 engine      engine_sync  vllm        engine/vllm")
     for part in args.parts.split(","):
         row = table[part]
         key = row["metric"]
@@ -206,7 +217,7 @@ def main() -> None:
             for k in ("engine", "engine_sync", "vllm")
         ]
         ratio = row.get("engine_over_vllm", float("nan"))
-        print(f"{part:9s} {key:22s} {cells[0]:11s} {cells[1]:12s} {cells[2]:11s} {ratio:.2f}x")
+        print(f"{part:11s} {key:22s} {cells[0]:11s} {cells[1]:12s} {cells[2]:11s} {ratio:.2f}x")
 
 
 if __name__ == "__main__":

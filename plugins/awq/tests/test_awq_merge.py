@@ -170,6 +170,7 @@ def test_tiny_model_fuses_the_norm_into_decode_gemvs(tmp_path: Path, monkeypatch
     if DEVICE != "cpu":
         pytest.skip("builds the model on the CPU")
     from engine_awq import gemv
+    from engine_sdk.layers import decoder
 
     model_dir = build_tiny_model(tmp_path / "m", "Qwen3ForCausalLM", seed=5)
     state = quantized_state(model_dir, lambda w: awq_gemm(w, 32))
@@ -193,9 +194,20 @@ def test_tiny_model_fuses_the_norm_into_decode_gemvs(tmp_path: Path, monkeypatch
     # per step: q/k/v of every layer but the first (its input has no residual yet), and
     # gate/up of every layer; 3 rows, then 4
     assert calls == [3] * (2 * layers - 1) + [4] * (2 * layers - 1)
+    fusing = AwqLinearMethod.apply_add_rms_norm
     monkeypatch.setattr(AwqLinearMethod, "apply_add_rms_norm", lambda *a, **k: None)
     calls.clear()
     plain_tokens, plain_logits = greedy(model, prompt, 2)
     assert calls == []
     assert tokens == plain_tokens
     torch.testing.assert_close(logits.float(), plain_logits.float(), rtol=1e-2, atol=1e-2)
+    # ENGINE_FUSED_NORM=0 (for timing the fusion): the decoder does not ask the method
+    monkeypatch.setattr(AwqLinearMethod, "apply_add_rms_norm", fusing)
+    monkeypatch.setenv("ENGINE_FUSED_NORM", "0")
+    decoder._fused_norm_enabled.cache_clear()
+    try:
+        off_tokens, _ = greedy(model, prompt, 2)
+    finally:
+        monkeypatch.delenv("ENGINE_FUSED_NORM")
+        decoder._fused_norm_enabled.cache_clear()
+    assert calls == [] and off_tokens == tokens

@@ -12,6 +12,8 @@ copies tensors by name. A model plugin subclasses :class:`DecoderForCausalLM` an
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -276,13 +278,22 @@ class DecoderLayer(torch.nn.Module):
         return mlp(hidden_states), residual
 
 
+@functools.lru_cache(maxsize=1)
+def _fused_norm_enabled() -> bool:
+    """``ENGINE_FUSED_NORM`` is not ``0`` (read once; ``cache_clear`` for tests)."""
+    return os.environ.get("ENGINE_FUSED_NORM", "1") != "0"
+
+
 def _norm_then_gemv(
     norm: torch.nn.Module, proj: Linear | None, x: torch.Tensor, residual: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(proj(norm(x + residual)), x + residual)`` as one kernel, the projection's
     quantization method's ``apply_add_rms_norm`` (the unquantized one:
     ``gemv.gemv_add_rms_norm``), for a plain RMSNorm before a projection that runs only its
-    method in this step; None where the method does not fuse the call."""
+    method in this step; None where the method does not fuse the call, or with
+    ``ENGINE_FUSED_NORM=0`` (the separate add+RMSNorm kernel: for timing the fusion)."""
+    if not _fused_norm_enabled():
+        return None
     if type(norm) is not RMSNorm or proj is None or not is_method_only(proj):
         return None
     assert isinstance(norm, RMSNorm)

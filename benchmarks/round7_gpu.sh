@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Device calls planned on 2026-12-05 (round 7); each mode is one call. Writes under $OUT.
+#   call 1 (carry .whl-vllm/main.tar.xz.00 only; the next call within 30 s):
+#       mkdir -p $HOME/vparts && mv .whl-vllm/main.tar.xz.00 $HOME/vparts/
+#   call 2 (carry .whl-vllm/main.tar.xz.01, .whl-vllm/SHA256SUMS, .carry, .whl):
+#       bash benchmarks/round7_gpu.sh sbs
+#     vLLM unpacked, then Engine and vLLM 0.26 in this call: W1, and batch-1 decode of the
+#     Llama-3.1-8B shape with online FP8 and with AWQ 4-bit (both engines --quantization
+#     fp8 / the same AutoAWQ-config folder), each with its ratio (side_by_side.py)
+#   call 3 (carry .whl, .gpu; Engine only, any warm or fresh machine):
+#       bash benchmarks/round7_gpu.sh engine
+#     multi-LoRA on the GPU (lora_gpu.py: kernel check and times, W1 mixed over 4 adapters,
+#     batch-1 decode with an adapter) and the AWQ / FP8 8B decode profiles with the fused
+#     add+RMSNorm GEMV on and off (ENGINE_FUSED_NORM=0)
+set -uo pipefail
+MODE="${1:?sbs or engine}"
+if [ "$MODE" = sbs ]; then
+    mkdir -p "$HOME/vparts"
+    mv .whl-vllm/main.tar.xz.01 .whl-vllm/SHA256SUMS "$HOME/vparts/" 2>/dev/null
+    bash .carry/setup.sh || exit 1
+    source benchmarks/device_install.sh
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    py 580 benchmarks/side_by_side.py --parts w1,llama8b_fp8,llama8b_awq --model "$HOME/v/model" \
+        --out "$OUT/sbs_round7.json" 2>&1 | tail -8
+else
+    source benchmarks/device_install.sh
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    py 300 benchmarks/lora_gpu.py --quick --parts kernels,decode,w1 --out "$OUT/lora_gpu.json" \
+        2>&1 | tail -30
+    for fused in 1 0; do
+        ENGINE_FUSED_NORM=$fused bash benchmarks/round6_profile_gpu.sh .gpu/qwen3 llama8b 32 \
+            2>&1 | grep -A3 "^===" | grep -v "^--" | sed "s/^/fused=$fused /"
+        mkdir -p "$OUT/fused$fused" && mv "$OUT"/prof_*.json "$OUT/fused$fused/" 2>/dev/null
+    done
+fi
