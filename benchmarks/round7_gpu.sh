@@ -4,9 +4,10 @@
 #       mkdir -p $HOME/vparts && mv .whl-vllm/main.tar.xz.00 $HOME/vparts/
 #   call 2 (carry .whl-vllm/main.tar.xz.01, .whl-vllm/SHA256SUMS, .carry, .whl):
 #       bash benchmarks/round7_gpu.sh sbs
-#     vLLM unpacked, then Engine and vLLM 0.26 in this call: W1, and batch-1 decode of the
-#     Llama-3.1-8B shape with online FP8 and with AWQ 4-bit (both engines --quantization
-#     fp8 / the same AutoAWQ-config folder), each with its ratio (side_by_side.py)
+#     vLLM unpacked; Engine's Triton attention against vLLM's FlashAttention 3 on the same
+#     paged cache (attention_fa3_gpu.py); then Engine and vLLM 0.26 in this call: W1, and
+#     batch-1 decode of the Llama-3.1-8B shape with online FP8 and with AWQ 4-bit (both
+#     engines --quantization fp8 / the same AutoAWQ-config folder), each with its ratio
 #   call 3 (carry .whl, .gpu; Engine only, any warm or fresh machine):
 #       bash benchmarks/round7_gpu.sh engine
 #     multi-LoRA on the GPU (lora_gpu.py: kernel check and times, W1 mixed over 4 adapters,
@@ -20,7 +21,9 @@ if [ "$MODE" = sbs ]; then
     bash .carry/setup.sh || exit 1
     source benchmarks/device_install.sh
     nvidia-smi --query-gpu=name --format=csv,noheader
-    py 580 benchmarks/side_by_side.py --parts w1,llama8b_fp8,llama8b_awq --model "$HOME/v/model" \
+    PYTHONPATH="$PYTHONPATH:$HOME/v/site" py 120 benchmarks/attention_fa3_gpu.py \
+        --out "$OUT/attention_fa3.json" 2>&1 | tail -10
+    py 440 benchmarks/side_by_side.py --parts w1,llama8b_fp8,llama8b_awq --model "$HOME/v/model" \
         --out "$OUT/sbs_round7.json" 2>&1 | tail -8
 else
     source benchmarks/device_install.sh
