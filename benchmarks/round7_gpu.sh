@@ -9,12 +9,15 @@
 #     batch-1 decode of the Llama-3.1-8B shape with online FP8 and with AWQ 4-bit (both
 #     engines --quantization fp8 / the same AutoAWQ-config folder), each with its ratio
 #   call 3 (carry .whl, .gpu; Engine only, any warm or fresh machine):
-#       bash benchmarks/round7_gpu.sh engine
+#       bash benchmarks/round7_gpu.sh lora
 #     multi-LoRA on the GPU (lora_gpu.py: kernel check and times, W1 mixed over 4 adapters,
-#     batch-1 decode with an adapter) and the AWQ / FP8 8B decode profiles with the fused
-#     add+RMSNorm GEMV on and off (ENGINE_FUSED_NORM=0)
+#     batch-1 decode with an adapter), then W3 at c=256 served (Engine's client: TPOT p99
+#     against p50 with chunked prefill, issue 14 item 3)
+#   call 4 (carry .whl, .gpu): bash benchmarks/round7_gpu.sh profile
+#     the bf16 / FP8 / AWQ 8B decode profiles with the fused add+RMSNorm GEMV on and off
+#     (ENGINE_FUSED_NORM=0)
 set -uo pipefail
-MODE="${1:?sbs or engine}"
+MODE="${1:?sbs, lora or profile}"
 if [ "$MODE" = sbs ]; then
     mkdir -p "$HOME/vparts"
     mv .whl-vllm/main.tar.xz.01 .whl-vllm/SHA256SUMS "$HOME/vparts/" 2>/dev/null
@@ -23,13 +26,16 @@ if [ "$MODE" = sbs ]; then
     nvidia-smi --query-gpu=name --format=csv,noheader
     PYTHONPATH="$PYTHONPATH:$HOME/v/site" py 120 benchmarks/attention_fa3_gpu.py \
         --out "$OUT/attention_fa3.json" 2>&1 | tail -10
-    py 440 benchmarks/side_by_side.py --parts w1,llama8b_fp8,llama8b_awq --model "$HOME/v/model" \
+    py 440 benchmarks/side_by_side.py --parts w1,llama8b_fp8,prefill,llama8b_awq --model "$HOME/v/model" \
         --out "$OUT/sbs_round7.json" 2>&1 | tail -8
-else
+elif [ "$MODE" = lora ]; then
     source benchmarks/device_install.sh
     nvidia-smi --query-gpu=name --format=csv,noheader
     py 300 benchmarks/lora_gpu.py --quick --parts kernels,decode,w1 --out "$OUT/lora_gpu.json" \
         2>&1 | tail -30
+    py 240 benchmarks/serve_side_by_side.py --parts w3 --engine-only --model "$(realpath .gpu/qwen3)" \
+        --loads 256:1024 --out "$OUT/w3_tpot.json" 2>&1 | tail -6
+else
     for fused in 1 0; do
         ENGINE_FUSED_NORM=$fused bash benchmarks/round6_profile_gpu.sh .gpu/qwen3 llama8b 32 \
             2>&1 | grep -A3 "^===" | grep -v "^--" | sed "s/^/fused=$fused /"
