@@ -170,10 +170,11 @@ def _layer(sizes, k, dtype, max_rank=16, seed=0):
 @pytest.mark.parametrize("sizes", [(64, 32, 32), (40, 24, 24), (48, 48), (72,)], ids=str)
 def test_layer_apply_with_many_parts(monkeypatch, sizes, dtype, blocked):
     """``LoRALayer.apply`` on the kernels with the multiprocessor count raised so the
-    shrink splits K (300: two full blocks and a partial one of 128 for the per-token kernel,
-    five steps of 64 for the blocked one) into 3 and 5 parts: two launches, the expand taking the parts, the result
-    the per-token, per-slice definition. ``blocked``: the threshold lowered so these six
-    tokens (one block, three slots and -1) take the blocked kernels."""
+    shrink splits K (300: two full blocks and a partial one of 128 for the per-token
+    kernel, five steps of 64 for the blocked one) into 3 and 5 parts: two launches, the
+    expand taking the parts, the result the per-token, per-slice definition. ``blocked``:
+    the threshold lowered so these six tokens (one block, three slots and -1) take the
+    blocked kernels."""
     monkeypatch.setattr(split_k, "num_multiprocessors", lambda device: 64)
     monkeypatch.setattr(lora, "_forced", lambda: True)
     if blocked:
