@@ -43,15 +43,13 @@ def resolve_chat_parsers(
     tool_call_parser: str | None,
     reasoning_parser: str | None,
     tool_parser_plugin: str | None,
-    pm: PluginManager | None = None,
 ) -> ChatParsers:
     """The classes of ``--tool-call-parser`` and ``--reasoning-parser``, after registering
     ``--tool-parser-plugin``'s parsers; plugins load (``plugins``: ``--plugin``) only when
     a flag needs them. ``StartupError`` naming the flag when one is wrong."""
     if not (tool_call_parser or reasoning_parser or tool_parser_plugin):
         return ChatParsers()
-    if pm is None:
-        pm = PluginManager.load(requested=plugins)
+    pm = PluginManager.load(requested=plugins)
     if tool_parser_plugin:
         load_tool_parser_plugin(tool_parser_plugin, pm)
     tool_cls = _tool_parser(pm, tool_call_parser) if tool_call_parser else None
