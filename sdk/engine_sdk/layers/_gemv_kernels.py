@@ -19,14 +19,20 @@ def gemv_kernel(
     stride_xm,
     stride_wn,
     stride_om,
+    lp_ptr, lb_ptr, slots_ptr, starts_ptr,
+    R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-):
+    LORA: tl.constexpr = False,
+    NUM_SLICES: tl.constexpr = 1,
+    BLOCK_R: tl.constexpr = 16,
+):  # fmt: skip
     """``out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n])`` for ``BLOCK_N`` weight rows per
     program: each weight tile is loaded once and used by all ``M <= BLOCK_M`` rows of
-    ``x``; float32 accumulation, one rounding at the store."""
+    ``x``; float32 accumulation, one rounding at the store. With ``LORA`` the epilogue
+    adds each row's adapter delta (``_lora_delta``)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -41,6 +47,12 @@ def gemv_kernel(
             x = tl.load(x_ptr + m * stride_xm + k0 + offs_k, mask=k_ok & (m < M), other=0.0)
             part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
             acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    if LORA:
+        acc = _lora_delta(
+            acc, offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
+            R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
+            BLOCK_M, NUM_SLICES, BLOCK_R,
+        )  # fmt: skip
     _store_rows(acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS)
 
 
@@ -49,8 +61,11 @@ def gemv_add_rms_norm_kernel(
     x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr,
     M, N, K, eps,
     stride_xm, stride_rm, stride_wn, stride_om, stride_sm,
+    lp_ptr, lb_ptr, slots_ptr, starts_ptr,
+    R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, LORA: tl.constexpr = False, NUM_SLICES: tl.constexpr = 1,
+    BLOCK_R: tl.constexpr = 16,
 ):  # fmt: skip
     """``gemv_kernel`` over ``rms_norm(x + r) * nw`` for a whole row in one tile
     (``K <= BLOCK_K``): each program forms the sum and its norm itself (a row is a few KB,
@@ -82,7 +97,49 @@ def gemv_add_rms_norm_kernel(
         h = (y * nw).to(out_ptr.dtype.element_ty).to(tl.float32)
         part = tl.sum(w * h[None, :], axis=1)
         acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    if LORA:
+        acc = _lora_delta(
+            acc, offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
+            R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
+            BLOCK_M, NUM_SLICES, BLOCK_R,
+        )  # fmt: skip
     _store_rows(acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS)
+
+
+@triton.jit
+def _lora_delta(
+    acc, offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
+    R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
+    BLOCK_M: tl.constexpr, NUM_SLICES: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    """``acc[m, n] += h[m, slice(n)] @ B[slot_m, n, :R]``: the LoRA expand of this
+    program's columns, in float32 before the one rounding. ``h`` is the sum of the
+    shrink's parts ``lp [P, M, S*R]`` (the slice's rank block); a row whose slot is -1
+    adds nothing (its loads are masked off). Each column finds its slice from the slice
+    starts ``[S + 1]`` (a column tile may straddle two slices)."""
+    offs_r = tl.arange(0, BLOCK_R)
+    r_ok = offs_r < R
+    s = offs_n * 0
+    for i in tl.static_range(1, NUM_SLICES):
+        s += (offs_n >= tl.load(starts_ptr + i)).to(s.dtype)
+    h_cols = s[:, None] * R + offs_r[None, :]  # [BLOCK_N, BLOCK_R]
+    for m in tl.static_range(BLOCK_M):
+        slot = tl.load(slots_ptr + m, mask=m < M, other=-1)
+        ok = n_ok[:, None] & r_ok[None, :] & (slot >= 0)
+        h = tl.zeros(h_cols.shape, dtype=tl.float32)
+        for p in range(0, NUM_PARTS):
+            h += tl.load(lp_ptr + p * stride_lpp + m * stride_lpt + h_cols, mask=ok, other=0.0)
+        b = tl.load(
+            lb_ptr
+            + tl.maximum(slot, 0).to(tl.int64) * stride_lbs
+            + offs_n[:, None] * stride_lbn
+            + offs_r[None, :],
+            mask=ok,
+            other=0.0,
+        ).to(tl.float32)
+        delta = tl.sum(b * h, axis=1)
+        acc = tl.where(offs_m[:, None] == m, acc + delta[None, :], acc)
+    return acc
 
 
 @triton.jit

@@ -72,6 +72,57 @@ def lora_shrink_kernel(
 
 
 @triton.jit
+def lora_shrink_add_rms_norm_kernel(
+    x_ptr, res_ptr, nw_ptr, a_ptr, parts_ptr, slots_ptr,
+    K, R, K_PER_PART, eps,
+    stride_xt, stride_rt, stride_as, stride_ar, stride_pp, stride_pt,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """``lora_shrink_kernel`` over ``rms_norm(x + res) * nw``, the input the fused
+    add+RMSNorm GEMV (``gemv_add_rms_norm_kernel``) forms for its projection, with the
+    same roundings: every program first sums the squares of the whole row (a few KB, from
+    L2), then normalizes only its own part of K."""
+    t = tl.program_id(0)
+    offs_r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    part = tl.program_id(2)
+    out_ptrs = parts_ptr + part * stride_pp + t * stride_pt + offs_r
+    slot = tl.load(slots_ptr + t)
+    if slot < 0:
+        tl.store(out_ptrs, tl.zeros((BLOCK_R,), dtype=tl.float32), mask=offs_r < R)
+        return
+    dtype = x_ptr.dtype.element_ty
+    sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        x = tl.load(x_ptr + t * stride_xt + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        r = tl.load(res_ptr + t * stride_rt + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        v = (x + r).to(dtype).to(tl.float32)
+        sq += v * v
+    inv = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+    a_base = a_ptr + slot.to(tl.int64) * stride_as
+    k_start = part * K_PER_PART
+    k_end = tl.minimum(k_start + K_PER_PART, K)
+    acc = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < k_end
+        x = tl.load(x_ptr + t * stride_xt + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        r = tl.load(res_ptr + t * stride_rt + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        nw = tl.load(nw_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        v = (x + r).to(dtype).to(tl.float32)
+        y = (v * inv).to(dtype).to(tl.float32)
+        h = (y * nw).to(dtype).to(tl.float32)
+        a = tl.load(
+            a_base + offs_r[:, None] * stride_ar + offs_k[None, :],
+            mask=(offs_r[:, None] < R) & mask_k[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        acc += a * h[None, :]
+    tl.store(out_ptrs, tl.sum(acc, axis=1), mask=offs_r < R)
+
+
+@triton.jit
 def _slice_tile(starts_ptr, N, j, NUM_SLICES: tl.constexpr, BLOCK_N: tl.constexpr):
     """Column tile ``j`` (numbered across the slices, see the module docstring): its slice,
     first column and the end of its slice's columns (the store mask)."""

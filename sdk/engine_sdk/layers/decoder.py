@@ -290,13 +290,16 @@ def _norm_then_gemv(
     """``(proj(norm(x + residual)), x + residual)`` as one kernel, the projection's
     quantization method's ``apply_add_rms_norm`` (the unquantized one:
     ``gemv.gemv_add_rms_norm``), for a plain RMSNorm before a projection that runs only its
-    method in this step; None where the method does not fuse the call, or with
-    ``ENGINE_FUSED_NORM=0`` (the separate add+RMSNorm kernel: for timing the fusion)."""
+    method in this step (with adapters in the step: ``Linear.lora_add_rms_norm``); None
+    where the method does not fuse the call, or with ``ENGINE_FUSED_NORM=0`` (the separate
+    add+RMSNorm kernel: for timing the fusion)."""
     if not _fused_norm_enabled():
         return None
-    if type(norm) is not RMSNorm or proj is None or not is_method_only(proj):
+    if type(norm) is not RMSNorm or not isinstance(proj, Linear):
         return None
     assert isinstance(norm, RMSNorm)
+    if not is_method_only(proj):  # adapters in this step: the GEMV with the LoRA epilogue
+        return proj.lora_add_rms_norm(x, residual, norm.weight, norm.eps)
     return proj.quant_method.apply_add_rms_norm(proj, x, residual, norm.weight, norm.eps, proj.bias)
 
 

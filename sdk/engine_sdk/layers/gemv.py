@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 
 __all__ = [
     "MAX_ROWS",
+    "LoRAEpilogue",
     "NORM_MAX_K",
     "gemv",
     "gemv_add_rms_norm",
@@ -107,6 +109,45 @@ def _runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+class LoRAEpilogue(NamedTuple):
+    """A LoRA expand for a GEMV's epilogue: ``out[m, n] += h[m, slice(n)] @ B[slot_m, n]``
+    in float32 before the one rounding, so an adapter costs the shrink's launch only
+    (``lora.LoRALayer.epilogue``). ``parts`` are the shrink's partial products
+    ``[P, M, S*R]`` (their sum over ``P`` is ``h``), ``lora_b`` is ``[slots, N, R]``,
+    ``slots`` each row's slot (-1: none), ``starts`` the ``S + 1`` slice starts."""
+
+    parts: torch.Tensor
+    lora_b: torch.Tensor
+    slots: torch.Tensor
+    starts: torch.Tensor
+    num_slices: int
+
+    def args(self) -> tuple[object, ...]:
+        """The kernels' LoRA arguments, in their order."""
+        parts, b = self.parts, self.lora_b
+        return (
+            parts, b, self.slots, self.starts, b.shape[2], parts.shape[0],
+            parts.stride(0), parts.stride(1), b.stride(0), b.stride(1),
+        )  # fmt: skip
+
+    def constants(self) -> dict[str, object]:
+        rank = self.lora_b.shape[2]
+        return {
+            "LORA": True,
+            "NUM_SLICES": self.num_slices,
+            "BLOCK_R": max(16, 1 << (rank - 1).bit_length()),
+        }
+
+
+def _lora_args(
+    lora: LoRAEpilogue | None, weight: torch.Tensor
+) -> tuple[tuple[object, ...], dict[str, object]]:
+    if lora is None:  # the pointers are never read (LORA off): any tensor does
+        return (weight, weight, weight, weight, 0, 0, 0, 0, 0, 0), {}
+    assert lora.parts.stride(-1) == 1 and lora.lora_b.stride(-1) == 1
+    return lora.args(), lora.constants()
+
+
 def prefer_gemv(rows: int, n: int, k: int, element_size: int = 2) -> bool:
     """Whether this kernel beats cuBLAS for ``rows`` x ``[n, k]`` (the measurements above):
     always at one row; at 2..``MAX_ROWS`` rows only for a small weight with ``n < k``."""
@@ -127,8 +168,10 @@ def gemv(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     tiles: tuple[int, int, int] | None = None,
+    lora: LoRAEpilogue | None = None,
 ) -> torch.Tensor:
-    """``x @ weight.T + bias`` for ``x`` [M, K] (M at most ``MAX_ROWS``), ``weight`` [N, K]."""
+    """``x @ weight.T + bias`` for ``x`` [M, K] (M at most ``MAX_ROWS``), ``weight`` [N, K];
+    plus each row's adapter delta with ``lora``."""
     kernel = _kernel()
     assert kernel is not None
     num_rows = x.shape[0]
@@ -136,11 +179,12 @@ def gemv(
     out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = tiles or pick_tiles(n, k)
     block_m = max(1, 1 << (num_rows - 1).bit_length())
+    lora_args, lora_constants = _lora_args(lora, weight)
     kernel[(-(-n // block_n),)](  # type: ignore[index]
         x, weight, bias if bias is not None else weight, out, num_rows, n, k,
-        x.stride(0), weight.stride(0), out.stride(0),
+        x.stride(0), weight.stride(0), out.stride(0), *lora_args,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps,
+        num_warps=warps, **lora_constants,
     )  # fmt: skip
     return out
 
@@ -152,21 +196,25 @@ def gemv_add_rms_norm(
     eps: float,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
+    lora: LoRAEpilogue | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(x + residual) * norm_weight) @ weight.T + bias`` and ``x + residual``
     (the new residual), for ``x`` and ``residual`` [M, K] with K at most ``NORM_MAX_K``;
-    equal to ``add_rms_norm`` then ``gemv``."""
+    equal to ``add_rms_norm`` then ``gemv`` (with ``lora``: plus each row's adapter
+    delta, the shrink taken over the normalized rows, ``lora.lora_shrink_add_rms_norm``)."""
     num_rows, k = x.shape
     n = weight.shape[0]
     out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
     new_residual = torch.empty(num_rows, k, dtype=x.dtype, device=x.device)
     block_k = max(16, 1 << (k - 1).bit_length())
     block_m = max(1, 1 << (num_rows - 1).bit_length())
+    lora_args, lora_constants = _lora_args(lora, weight)
     _norm_kernel()[(-(-n // 2),)](  # type: ignore[index]
         x, residual, norm_weight, weight, bias if bias is not None else weight, out, new_residual,
         num_rows, n, k, eps,
         x.stride(0), residual.stride(0), weight.stride(0), out.stride(0), new_residual.stride(0),
+        *lora_args,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=2, BLOCK_K=block_k,
-        num_warps=4 if block_k <= 2048 else 8,
+        num_warps=4 if block_k <= 2048 else 8, **lora_constants,
     )  # fmt: skip
     return out, new_residual

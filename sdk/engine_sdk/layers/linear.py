@@ -117,10 +117,40 @@ class Linear(torch.nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.quant_method.apply(self, x, self.bias)
-        if self.lora is not None:
-            y = self.lora.apply(x, y)
-        return y
+        lora = self.lora
+        if lora is None or not lora.context.active:
+            return self.quant_method.apply(self, x, self.bias)
+        weight = self.weight if self.has_plain_weight else None
+        if (
+            isinstance(weight, torch.Tensor)
+            and gemv.use_gemv(x, weight)
+            and lora.fuses_into_gemv(x)
+        ):
+            # decode: the expand rides in the GEMV's epilogue (one launch for the adapter)
+            return gemv.gemv(x, weight, self.bias, lora=lora.epilogue(x))
+        return lora.apply(x, self.quant_method.apply(self, x, self.bias))
+
+    @property
+    def has_plain_weight(self) -> bool:
+        """Whether the weight is a plain ``[out, in]`` tensor (``UnquantizedLinearMethod``)."""
+        return type(self.quant_method) is UnquantizedLinearMethod
+
+    def lora_add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(self(rms_norm(x + residual) * norm_weight), x + residual)`` with the adapters
+        of this step as two kernels (``gemv.gemv_add_rms_norm`` with the LoRA expand in
+        its epilogue, after the shrink that normalizes the rows itself), or None where
+        that does not run: no adapter in the step, a quantized or subclassed layer, rows
+        the GEMV leaves to the library GEMM, or the LoRA kernels off."""
+        lora = self.lora
+        if lora is None or type(self).forward is not Linear.forward or not self.has_plain_weight:
+            return None
+        weight: torch.Tensor = self.weight  # type: ignore[assignment]
+        if not gemv.use_gemv_add_rms_norm(x, residual, weight) or not lora.fuses_into_gemv(x):
+            return None
+        epilogue = lora.epilogue_add_rms_norm(x, residual, norm_weight, eps)
+        return gemv.gemv_add_rms_norm(x, residual, norm_weight, eps, weight, self.bias, epilogue)
 
     def extra_repr(self) -> str:
         method = type(self.quant_method).__name__
@@ -144,7 +174,7 @@ def is_plain_linear(layer: torch.nn.Module | None) -> bool:
     """Whether ``layer(x)`` is just ``x @ layer.weight.T + layer.bias`` in this step:
     :func:`is_method_only` with an unquantized weight, which a fused kernel may read
     itself."""
-    return is_method_only(layer) and type(layer.quant_method) is UnquantizedLinearMethod  # type: ignore[union-attr]
+    return isinstance(layer, Linear) and is_method_only(layer) and layer.has_plain_weight
 
 
 def merge_linears(layers: list[Linear]) -> Linear | None:

@@ -22,7 +22,11 @@ On CUDA the Triton kernels (``_lora_kernels``) run; elsewhere the torch referenc
 loops over the (few) slots with masks: no host sync, so it is also safe in a CUDA graph.
 At decode the kernels' shrink splits ``K`` into parts (enough programs for the GPU) and
 the expand adds them (``parts [P, T, S*R]`` float32, sum over ``P`` = ``h``): two launches
-per projection, every size from the shapes.
+per projection, every size from the shapes. Where the projection itself runs as the
+small-batch GEMV (``gemv``: a few decode rows, plain weights) the expand rides in the
+GEMV's epilogue (``LoRALayer.epilogue``, ``Linear.forward``), and after an RMSNorm the
+shrink normalizes its rows itself so the fused add+RMSNorm GEMV stays fused
+(``Linear.lora_add_rms_norm``): one launch per projection for the adapters.
 ``ENGINE_LORA_KERNELS=0`` keeps CUDA on the reference, ``=force`` runs the kernels on the
 CPU too (Triton's interpreter, for tests).
 """
@@ -38,6 +42,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from engine_sdk.layers.gemv import LoRAEpilogue
     from engine_sdk.layers.linear import Linear
 
 __all__ = [
@@ -137,6 +142,33 @@ class LoRALayer:
     def clear_slot(self, slot: int) -> None:
         self.lora_a[slot].zero_()
         self.lora_b[slot].zero_()
+
+    def fuses_into_gemv(self, x: torch.Tensor) -> bool:
+        """Whether a GEMV over ``x`` (a few decode rows) may take this layer's expand into
+        its epilogue (``epilogue``): adapters in the step and the Triton kernels on."""
+        return self.context.active and _use_kernels(x)
+
+    def epilogue(self, x: torch.Tensor) -> LoRAEpilogue:
+        """The shrink of ``x`` [M, K] (one launch), and what a GEMV needs to add the
+        expand in its epilogue: an adapter costs one launch instead of two."""
+        slots = self.context.token_slots[: x.shape[0]]
+        parts = lora_shrink_triton(x, self.lora_a, slots, blocked=False, parts=True)
+        return self._epilogue(parts, slots)
+
+    def epilogue_add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
+    ) -> LoRAEpilogue:
+        """``epilogue`` for the fused add+RMSNorm GEMV (``gemv.gemv_add_rms_norm``): the
+        shrink normalizes ``x + residual`` itself, as that GEMV does, so the norm, the
+        shrink and the expand cost one launch beside the GEMV instead of three."""
+        slots = self.context.token_slots[: x.shape[0]]
+        parts = lora_shrink_add_rms_norm_triton(x, residual, norm_weight, eps, self.lora_a, slots)
+        return self._epilogue(parts, slots)
+
+    def _epilogue(self, parts: torch.Tensor, slots: torch.Tensor) -> LoRAEpilogue:
+        from engine_sdk.layers.gemv import LoRAEpilogue
+
+        return LoRAEpilogue(parts, self.lora_b, slots, self.slices.starts, self.slices.num_slices)
 
     def apply(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``y`` (the base projection of ``x``) plus each token's adapter delta, in place."""
@@ -354,6 +386,36 @@ def lora_shrink_triton(
             BLOCK_R=_SHRINK_BLOCK_R, BLOCK_K=block_k,
         )  # fmt: skip
     return _parts_or_sum(out, parts)
+
+
+def lora_shrink_add_rms_norm_triton(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    lora_a: torch.Tensor,
+    slots: torch.Tensor,
+    num_parts: int | None = None,
+) -> torch.Tensor:
+    """The per-token shrink's parts ``[P, T, R]`` of ``rms_norm(x + residual) *
+    norm_weight`` (the roundings of ``gemv.gemv_add_rms_norm``), split as
+    ``_shrink_split`` picks; ``x`` and ``residual`` are left as they are."""
+    from engine_sdk.layers._lora_kernels import lora_shrink_add_rms_norm_kernel
+
+    assert x.stride(-1) == 1 and residual.stride(-1) == 1 and lora_a.stride(-1) == 1
+    num_tokens, k = x.shape
+    r = lora_a.shape[1]
+    split, block_k, k_per_part = _shrink_split(num_tokens, k, r, x.device, num_parts)
+    out = torch.empty(split, num_tokens, r, dtype=torch.float32, device=x.device)
+    if num_tokens > 0:
+        lora_shrink_add_rms_norm_kernel[(num_tokens, -(-r // _SHRINK_BLOCK_R), split)](
+            x, residual, norm_weight, lora_a, out, slots,
+            k, r, k_per_part, eps,
+            x.stride(0), residual.stride(0), lora_a.stride(0), lora_a.stride(1),
+            out.stride(0), out.stride(1),
+            BLOCK_R=_SHRINK_BLOCK_R, BLOCK_K=block_k,
+        )  # fmt: skip
+    return out
 
 
 def _parts_or_sum(out: torch.Tensor, parts: bool) -> torch.Tensor:

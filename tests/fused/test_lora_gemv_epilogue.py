@@ -1,0 +1,239 @@
+"""LoRA at decode inside the GEMV: the expand in the GEMV's epilogue and the shrink over
+the fused add+RMSNorm's rows, against the separate kernels' references (Triton's
+interpreter on CPU, the compiled kernels on a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_sdk.layers import gemv, lora
+from engine_sdk.layers.linear import Linear
+from engine_sdk.layers.lora import LoRAContext, LoRALayer, LoRASlices
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(autouse=True)
+def _force_kernels(monkeypatch):
+    if DEVICE == "cpu":
+        monkeypatch.setenv("ENGINE_GEMV", "force")
+        monkeypatch.setenv("ENGINE_LORA_KERNELS", "force")
+    lora._kernels.cache_clear()
+    lora._forced.cache_clear()
+    yield
+    lora._kernels.cache_clear()
+    lora._forced.cache_clear()
+
+
+def _adapters(gen, slots, k, sizes, rank, dtype):
+    """Random slot weights: A [slots, S*rank, k], B [slots, sum(sizes), rank]."""
+    a = (torch.randn(slots, len(sizes) * rank, k, generator=gen) / k**0.5).to(dtype)
+    b = torch.randn(slots, sum(sizes), rank, generator=gen).to(dtype)
+    return a.to(DEVICE), b.to(DEVICE)
+
+
+def _expanded(y, h, b, slots, slices) -> torch.Tensor:
+    """The separate expand's result on ``y`` (float32 sum, one rounding)."""
+    out = y.clone()
+    lora.lora_expand_reference(out, h, b, slots, slices)
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "rows,sizes,rank,k,num_parts,row_slots",
+    [
+        (1, (40,), 16, 64, 1, [1]),
+        (3, (33, 16, 15), 8, 300, 3, [0, -1, 2]),  # 2-column tiles straddle the slices
+        (4, (24, 24), 4, 256, 2, [2, 2, -1, 0]),
+        (2, (7,), 16, 512, 4, [-1, -1]),  # no adapter row: the base GEMV unchanged
+    ],
+)
+def test_gemv_epilogue_equals_gemv_then_expand(rows, sizes, rank, k, num_parts, row_slots, dtype):
+    gen = torch.Generator().manual_seed(rows * 7 + k + rank)
+    n = sum(sizes)
+    x = torch.randn(rows, k, generator=gen).to(dtype).to(DEVICE)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).to(DEVICE)
+    bias = torch.randn(n, generator=gen).to(dtype).to(DEVICE)
+    a, b = _adapters(gen, 3, k, sizes, rank, dtype)
+    slots = torch.tensor(row_slots, dtype=torch.int32, device=DEVICE)
+    slices = LoRASlices(sizes, DEVICE)
+    parts = lora.lora_shrink_triton(x, a, slots, blocked=False, parts=True, num_parts=num_parts)
+    assert parts.shape[0] == num_parts
+    epilogue = gemv.LoRAEpilogue(parts, b, slots, slices.starts, len(sizes))
+    got = gemv.gemv(x, w, bias, lora=epilogue)
+    base = x.float() @ w.float().T + bias.float()
+    want = base + (_expanded(torch.zeros_like(base), parts.sum(0), b, slots, slices))
+    # one rounding of the sum (the separate kernels round twice): half an ulp and slack
+    tol = want.abs() * torch.finfo(dtype).eps + 2e-3
+    assert bool(((got.float() - want).abs() <= tol).all()), (got.float() - want).abs().max()
+    adapter_rows = [i for i, s in enumerate(row_slots) if s >= 0]
+    if adapter_rows:  # the delta is there (an epilogue that adds nothing fails)
+        delta = (want - base)[adapter_rows].abs().max()
+        assert delta > 10 * tol.max()
+    plain = gemv.gemv(x, w, bias)
+    base_rows = [i for i, s in enumerate(row_slots) if s < 0]
+    assert torch.equal(got[base_rows], plain[base_rows])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "rows,k,sizes,num_parts,row_slots",
+    [
+        (1, 512, (32, 16, 16), 4, [0]),
+        (3, 200, (48,), 2, [1, -1, 0]),
+        (2, 1030, (20, 20), 3, [1, 1]),
+    ],
+)
+def test_shrink_over_the_fused_norm_and_the_norm_gemv_epilogue(
+    rows, k, sizes, num_parts, row_slots, dtype
+):
+    """The shrink that normalizes x + residual itself gives the parts of the separate
+    shrink over add_rms_norm's output; the norm GEMV with the epilogue equals add_rms_norm,
+    the GEMV and the expand, and still returns the residual bit for bit."""
+    from engine_sdk.layers import fused_ops
+
+    gen = torch.Generator().manual_seed(rows + k)
+    rank, n = 16, sum(sizes)
+    x = (torch.randn(rows, k, generator=gen) * 2).to(dtype).to(DEVICE)
+    residual = torch.randn(rows, k, generator=gen).to(dtype).to(DEVICE)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype).to(DEVICE)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).to(DEVICE)
+    a, b = _adapters(gen, 2, k, sizes, rank, dtype)
+    slots = torch.tensor(row_slots, dtype=torch.int32, device=DEVICE)
+    slices = LoRASlices(sizes, DEVICE)
+
+    normed, want_res = fused_ops.add_rms_norm(x, residual, norm_w, 1e-6)
+    parts = lora.lora_shrink_add_rms_norm_triton(
+        x, residual, norm_w, 1e-6, a, slots, num_parts=num_parts
+    )
+    assert parts.shape == (num_parts, rows, len(sizes) * rank)
+    h_want = lora.lora_shrink_reference(normed, a, slots)
+    # an ulp of a normalized value may differ (the variance's sum order)
+    h_tol = 4 * torch.finfo(dtype).eps * (normed.float().abs() @ a.float().abs().flatten(0, 1).T)
+    h_tol = h_tol.view(rows, 2, -1).amax(1)
+    assert bool(((parts.sum(0) - h_want).abs() <= h_tol + 1e-4).all())
+
+    epilogue = gemv.LoRAEpilogue(parts, b, slots, slices.starts, len(sizes))
+    got, got_res = gemv.gemv_add_rms_norm(x, residual, norm_w, 1e-6, w, None, epilogue)
+    assert torch.equal(got_res, want_res)
+    base = normed.float() @ w.float().T
+    want = base + _expanded(torch.zeros_like(base), h_want, b, slots, slices)
+    tol = 4 * torch.finfo(dtype).eps * (normed.float().abs() @ w.float().abs().T) + 0.02
+    assert bool(((got.float() - want).abs() <= tol).all()), (got.float() - want).abs().max()
+    assert (want - base).abs().max() > 10 * tol.max()  # the delta matters at this tolerance
+
+
+def _lora_linear(k, sizes, rank, dtype, row_slots, seed):
+    gen = torch.Generator().manual_seed(seed)
+    layer = Linear(k, sum(sizes), bias=True, params_dtype=dtype)
+    layer.weight.data.copy_(torch.randn(sum(sizes), k, generator=gen) / k**0.5)
+    layer.bias.data.copy_(torch.randn(sum(sizes), generator=gen))
+    layer = layer.to(DEVICE)
+    context = LoRAContext(8, DEVICE)
+    layer.lora = LoRALayer(context, 2, rank, k, sizes, dtype, DEVICE)
+    a, b = _adapters(gen, 2, k, sizes, rank, dtype)
+    layer.lora.lora_a.copy_(a)
+    layer.lora.lora_b.copy_(b)
+    context.token_slots[: len(row_slots)] = torch.tensor(row_slots, dtype=torch.int32)
+    context.active = True
+    return layer
+
+
+def test_linear_runs_one_gemv_with_the_epilogue_at_decode(monkeypatch):
+    """Two decode rows with adapters: one shrink and one GEMV carrying the expand (no
+    separate expand launch), equal to the library GEMM and the reference LoRA."""
+    layer = _lora_linear(96, (32, 16), 8, torch.bfloat16, [1, 0], seed=5)
+    x = torch.randn(2, 96, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    x = x.to(DEVICE)
+    calls = {"gemv_lora": 0, "expand": 0}
+    gemv_fn, expand_fn = gemv.gemv, lora.lora_expand_triton
+
+    def counting_gemv(*args, **kwargs):
+        calls["gemv_lora"] += kwargs.get("lora") is not None
+        return gemv_fn(*args, **kwargs)
+
+    def counting_expand(*args, **kwargs):
+        calls["expand"] += 1
+        return expand_fn(*args, **kwargs)
+
+    monkeypatch.setattr(gemv, "gemv", counting_gemv)
+    monkeypatch.setattr(lora, "lora_expand_triton", counting_expand)
+    got = layer(x)
+    assert calls == {"gemv_lora": 1, "expand": 0}
+    monkeypatch.setenv("ENGINE_GEMV", "0")
+    monkeypatch.setenv("ENGINE_LORA_KERNELS", "0")
+    lora._kernels.cache_clear()
+    want = layer(x)  # the library GEMM, then the torch reference LoRA
+    assert calls == {"gemv_lora": 1, "expand": 0}
+    torch.testing.assert_close(got.float(), want.float(), atol=0.03, rtol=0.02)
+    layer.lora.context.active = False
+    assert (layer(x).float() - want.float()).abs().max() > 0.1  # the adapters mattered
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the SDK's dense test attention runs on the CPU")
+def test_decoder_with_adapters_takes_the_fused_kernels_at_decode(monkeypatch, tmp_path):
+    """One token with an adapter through a tiny bf16 Qwen3: q/k/v and gate/up run the
+    norm GEMV with the epilogue, o and down the plain GEMV with it, and the logits equal
+    the unfused path (library GEMMs and the reference LoRA) and differ from the base's."""
+    from engine_sdk.testing import model_parity
+    from engine_sdk.testing.dense_attention import DenseAttentionBackend
+    from engine_sdk.testing.models import build_tiny_model
+    from engine_sdk.testing.quantized_model import MODEL_CLASSES
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    model_dir = build_tiny_model(tmp_path, "Qwen3ForCausalLM")
+    config = AutoConfig.from_pretrained(str(model_dir))
+    weights = load_file(str(model_dir / "model.safetensors")).items()
+    model = model_parity.load_float32_model(
+        MODEL_CLASSES["Qwen3ForCausalLM"], config, weights, DenseAttentionBackend
+    )
+    model = model.to(device=DEVICE, dtype=torch.bfloat16)
+    for layer in model.model.layers:
+        layer.self_attn.merge_projections()
+        layer.mlp.merge_projections()
+    context = LoRAContext(8, DEVICE)
+    gen = torch.Generator().manual_seed(9)
+    targets = lora.lora_target_layers(model)
+    for layer in dict.fromkeys(targets.values()):
+        sizes = [size for _, size in layer.parts]
+        layer.lora = LoRALayer(context, 2, 8, layer.input_size, sizes, torch.bfloat16, DEVICE)
+        a, b = _adapters(gen, 2, layer.input_size, sizes, 8, torch.bfloat16)
+        layer.lora.lora_a.copy_(a)
+        layer.lora.lora_b.copy_(b * 0.5)
+    context.token_slots[0] = 1
+    context.active = True
+    calls = {"norm_epilogue": 0, "gemv_epilogue": 0}
+    norm_fn, gemv_fn = gemv.gemv_add_rms_norm, gemv.gemv
+
+    def norm(*args, **kwargs):
+        calls["norm_epilogue"] += (len(args) > 6 and args[6] is not None) or "lora" in kwargs
+        return norm_fn(*args, **kwargs)
+
+    def plain(*args, **kwargs):
+        calls["gemv_epilogue"] += kwargs.get("lora") is not None
+        return gemv_fn(*args, **kwargs)
+
+    monkeypatch.setattr(gemv, "gemv_add_rms_norm", norm)
+    monkeypatch.setattr(gemv, "gemv", plain)
+    attn = model.model.layers[0].self_attn
+    kv = (attn.num_kv_heads, attn.head_dim)
+    num_layers = len(model.model.layers)
+
+    def logits() -> torch.Tensor:
+        return model_parity.model_prefill_logits(model, [42], DenseAttentionBackend, kv).float()
+
+    fused = logits()
+    # q/k/v of every layer but the first (no residual yet) and every gate/up; o and down
+    # plain, and the first layer's q/k/v
+    assert calls == {"norm_epilogue": 2 * num_layers - 1, "gemv_epilogue": 2 * num_layers + 1}
+    monkeypatch.setenv("ENGINE_GEMV", "0")
+    monkeypatch.setenv("ENGINE_LORA_KERNELS", "0")
+    lora._kernels.cache_clear()
+    unfused = logits()
+    torch.testing.assert_close(fused, unfused, atol=0.05, rtol=0.05)
+    context.active = False
+    base = logits()
+    assert (base - unfused).abs().max() > 0.2
