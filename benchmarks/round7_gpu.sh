@@ -24,9 +24,9 @@ if [ "$MODE" = sbs ]; then
     bash .carry/setup.sh || exit 1
     source benchmarks/device_install.sh
     nvidia-smi --query-gpu=name --format=csv,noheader
-    PYTHONPATH="$PYTHONPATH:$HOME/v/site" py 120 benchmarks/attention_fa3_gpu.py \
+    PYTHONPATH="$PYTHONPATH:$HOME/v/site" py 90 benchmarks/attention_fa3_gpu.py \
         --out "$OUT/attention_fa3.json" 2>&1 | tail -10
-    py 440 benchmarks/side_by_side.py --parts w1,llama8b_fp8,prefill,llama8b_awq --model "$HOME/v/model" \
+    py 430 benchmarks/side_by_side.py --parts w1,llama8b_fp8,llama8b_awq,prefill --model "$HOME/v/model" \
         --out "$OUT/sbs_round7.json" 2>&1 | tail -8
 elif [ "$MODE" = lora ]; then
     source benchmarks/device_install.sh
