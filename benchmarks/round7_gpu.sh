@@ -12,7 +12,8 @@
 #       bash benchmarks/round7_gpu.sh lora
 #     multi-LoRA on the GPU (lora_gpu.py: kernel check and times, W1 mixed over 4 adapters,
 #     batch-1 decode with an adapter), then W3 at c=256 served (Engine's client: TPOT p99
-#     against p50 with chunked prefill, issue 14 item 3)
+#     against p50 with chunked prefill, issue 14 item 3), then W2 with and without
+#     ENGINE_TORCH_COMPILE=1 (inductor's forward in the decode graph)
 #   call 4 (carry .whl, .gpu): bash benchmarks/round7_gpu.sh profile
 #     the bf16 / FP8 / AWQ 8B decode profiles with the fused add+RMSNorm GEMV on and off
 #     (ENGINE_FUSED_NORM=0)
@@ -35,6 +36,13 @@ elif [ "$MODE" = lora ]; then
         2>&1 | tail -30
     py 240 benchmarks/serve_side_by_side.py --parts w3 --engine-only --model "$(realpath .gpu/qwen3)" \
         --loads 256:1024 --out "$OUT/w3_tpot.json" 2>&1 | tail -6
+    # issue 14 item 2: does torch.compile help the captured decode step? W2, one graph size
+    for c in 0 1; do
+        ENGINE_TORCH_COMPILE=$c py 200 -m engine.cli.main bench latency --model .gpu/qwen3 \
+            --load-format dummy --dtype bfloat16 --batch-size 1 --input-len 128 \
+            --output-len 256 --num-iters 3 --num-iters-warmup 1 --max-num-seqs 1 \
+            --save-result "$OUT/w2_compile$c.json" 2>&1 | tail -2 | sed "s/^/compile=$c /"
+    done
 else
     for fused in 1 0; do
         ENGINE_FUSED_NORM=$fused bash benchmarks/round6_profile_gpu.sh .gpu/qwen3 llama8b 32 \

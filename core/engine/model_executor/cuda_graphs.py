@@ -20,11 +20,16 @@ vocab] float32 logits buffer per size would cost gigabytes). Only backends that 
 With LoRA on, each size is captured twice: without the adapter kernels (a step of base
 requests only) and with them, reading each row's slot from the layers' static slot buffer
 (padding rows: slot -1).
+
+``ENGINE_TORCH_COMPILE=1`` (a measurement switch, off by default; issue 14 asks whether
+inductor helps): the captured decode forward is ``torch.compile``'s (one compile per
+captured size, so pair it with a small ``--max-num-seqs``); eager steps stay eager.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -73,6 +78,10 @@ class CudaGraphRunner:
         )
         self.lora_context = runner.lora.context if runner.lora is not None else None
         self.pool: object | None = None
+        self.model_forward = runner.model
+        if os.environ.get("ENGINE_TORCH_COMPILE") == "1":
+            logger.info("ENGINE_TORCH_COMPILE=1: the decode graphs capture torch.compile's forward")
+            self.model_forward = torch.compile(runner.model, dynamic=False)
 
     def _batch(self, bs: int) -> AttentionBatch:
         return AttentionBatch(
@@ -91,7 +100,7 @@ class CudaGraphRunner:
     def _forward(self, bs: int) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         runner = self.runner
         metadata = runner.attention_backends[0].build_metadata(self._batch(bs))
-        hidden: torch.Tensor = runner.model(
+        hidden: torch.Tensor = self.model_forward(
             self.input_ids[:bs], self.positions[:bs], runner.kv_caches, metadata
         )
         if bs > self.logits_max_batch:
