@@ -120,23 +120,9 @@ def test_decoder_takes_the_norm_gemv_at_decode(monkeypatch, tmp_path):
     decoder runs gemv_add_rms_norm for q/k/v (every layer but the first, whose norm has
     no residual yet) and gate/up; the logits equal the unfused path's (ENGINE_GEMV=0).
     On a GPU the kernel's own tests and the engine's decode checks cover it."""
-    from engine_sdk.testing import model_parity
-    from engine_sdk.testing.dense_attention import DenseAttentionBackend
-    from engine_sdk.testing.models import build_tiny_model
-    from engine_sdk.testing.quantized_model import MODEL_CLASSES
-    from safetensors.torch import load_file
-    from transformers import AutoConfig
+    from tiny_decoder import tiny_bf16_qwen3
 
-    model_dir = build_tiny_model(tmp_path, "Qwen3ForCausalLM")
-    config = AutoConfig.from_pretrained(str(model_dir))
-    weights = load_file(str(model_dir / "model.safetensors")).items()
-    model = model_parity.load_float32_model(
-        MODEL_CLASSES["Qwen3ForCausalLM"], config, weights, DenseAttentionBackend
-    )
-    model = model.to(device=DEVICE, dtype=torch.bfloat16)
-    for layer in model.model.layers:
-        layer.self_attn.merge_projections()
-        layer.mlp.merge_projections()
+    model, logits = tiny_bf16_qwen3(tmp_path, DEVICE)
     calls = {"norm": 0}
     norm_fn = gemv.gemv_add_rms_norm
 
@@ -145,12 +131,7 @@ def test_decoder_takes_the_norm_gemv_at_decode(monkeypatch, tmp_path):
         return norm_fn(*args, **kwargs)
 
     monkeypatch.setattr(gemv, "gemv_add_rms_norm", norm)
-    attn = model.model.layers[0].self_attn
-    kv = (attn.num_kv_heads, attn.head_dim)
     num_layers = len(model.model.layers)
-
-    def logits() -> torch.Tensor:
-        return model_parity.model_prefill_logits(model, [42], DenseAttentionBackend, kv).float()
 
     fused = logits()
     assert calls == {"norm": 2 * num_layers - 1}

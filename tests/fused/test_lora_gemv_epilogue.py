@@ -177,23 +177,9 @@ def test_decoder_with_adapters_takes_the_fused_kernels_at_decode(monkeypatch, tm
     """One token with an adapter through a tiny bf16 Qwen3: q/k/v and gate/up run the
     norm GEMV with the epilogue, o and down the plain GEMV with it, and the logits equal
     the unfused path (library GEMMs and the reference LoRA) and differ from the base's."""
-    from engine_sdk.testing import model_parity
-    from engine_sdk.testing.dense_attention import DenseAttentionBackend
-    from engine_sdk.testing.models import build_tiny_model
-    from engine_sdk.testing.quantized_model import MODEL_CLASSES
-    from safetensors.torch import load_file
-    from transformers import AutoConfig
+    from tiny_decoder import tiny_bf16_qwen3
 
-    model_dir = build_tiny_model(tmp_path, "Qwen3ForCausalLM")
-    config = AutoConfig.from_pretrained(str(model_dir))
-    weights = load_file(str(model_dir / "model.safetensors")).items()
-    model = model_parity.load_float32_model(
-        MODEL_CLASSES["Qwen3ForCausalLM"], config, weights, DenseAttentionBackend
-    )
-    model = model.to(device=DEVICE, dtype=torch.bfloat16)
-    for layer in model.model.layers:
-        layer.self_attn.merge_projections()
-        layer.mlp.merge_projections()
+    model, logits = tiny_bf16_qwen3(tmp_path, DEVICE)
     context = LoRAContext(8, DEVICE)
     gen = torch.Generator().manual_seed(9)
     targets = lora.lora_target_layers(model)
@@ -218,12 +204,7 @@ def test_decoder_with_adapters_takes_the_fused_kernels_at_decode(monkeypatch, tm
 
     monkeypatch.setattr(gemv, "gemv_add_rms_norm", norm)
     monkeypatch.setattr(gemv, "gemv", plain)
-    attn = model.model.layers[0].self_attn
-    kv = (attn.num_kv_heads, attn.head_dim)
     num_layers = len(model.model.layers)
-
-    def logits() -> torch.Tensor:
-        return model_parity.model_prefill_logits(model, [42], DenseAttentionBackend, kv).float()
 
     fused = logits()
     # q/k/v of every layer but the first (no residual yet) and every gate/up; o and down
