@@ -23,6 +23,10 @@ _FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
 SPLIT_PROGRAMS_PER_SM = 2
 MAX_KV_SPLITS = 16
 SPLIT_BLOCK_N = 32  # KV tile of a split decode program (short chunks: less masked work)
+# Launches with query blocks (prefill, chunks, mixed steps): (least BLOCK_M rows, BLOCK_N
+# for head_dim <= 128, warps, pipeline stages); benchmarks/attention_prefill_sweep_gpu.py
+# measures the alternatives.
+PREFILL_TILES = (64, 64, 4, 3)
 
 
 @dataclass
@@ -36,6 +40,7 @@ class TritonMetadata:
     block_n: int
     num_warps: int
     kv_splits: int = 1  # decode only; see kernels.py
+    num_stages: int = 3
 
 
 def kv_splits(num_seqs: int, num_kv_heads: int, multiprocessors: int) -> int:
@@ -49,14 +54,16 @@ def kv_splits(num_seqs: int, num_kv_heads: int, multiprocessors: int) -> int:
     return splits
 
 
-def _tile_sizes(group: int, decode_only: bool, head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M rows, BLOCK_Q tokens, BLOCK_N kv tokens, warps) for one launch."""
+def _tile_sizes(group: int, decode_only: bool, head_dim: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M rows, BLOCK_Q tokens, BLOCK_N kv tokens, warps, stages) for one launch."""
     if decode_only:
         block_m = max(16, triton.next_power_of_2(group))
-        return block_m, 1, 64, 4
-    block_m = max(64, triton.next_power_of_2(group))
-    block_n = 64 if head_dim <= 128 else 32
-    return block_m, block_m // group, block_n, 4
+        return block_m, 1, 64, 4, 3
+    least_m, block_n, warps, stages = PREFILL_TILES
+    block_m = max(least_m, triton.next_power_of_2(group))
+    if head_dim > 128:
+        block_n = min(block_n, 32)
+    return block_m, block_m // group, block_n, warps, stages
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -76,7 +83,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.num_kv_heads_p = triton.next_power_of_2(config.num_kv_heads)
 
     def build_metadata(self, batch: AttentionBatch) -> TritonMetadata:
-        block_m, block_q, block_n, warps = _tile_sizes(
+        block_m, block_q, block_n, warps, stages = _tile_sizes(
             self.group, batch.is_decode_only, self.config.head_dim
         )
         device = batch.query_start_loc.device
@@ -100,8 +107,9 @@ class TritonAttentionBackend(AttentionBackend):
             work_seq = torch.from_numpy(seq_of).to(device, non_blocking=True)
             work_qblock = torch.from_numpy(qblock).to(device, non_blocking=True)
         return TritonMetadata(
-            batch, work_seq, work_qblock, num_work, block_q, block_m, block_n, warps, splits
-        )
+            batch, work_seq, work_qblock, num_work, block_q, block_m, block_n, warps, splits,
+            stages,
+        )  # fmt: skip
 
     def forward(
         self,
@@ -188,6 +196,7 @@ class TritonAttentionBackend(AttentionBackend):
                 part_acc_ptr=part_acc,
                 part_ml_ptr=part_ml,
                 num_warps=metadata.num_warps,
+                num_stages=metadata.num_stages,
             )
         if part_acc is not None:
             combine_splits_kernel[(num_tokens, cfg.num_heads)](

@@ -78,6 +78,61 @@ def store_kv_kernel(
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _attend_tile(
+    q, acc, m_i, l_i, start_n, kv_end, q_pos, qk_scale, seq, kv_head,
+    k_cache_ptr, v_cache_ptr, block_tables_ptr, stride_bt, stride_cb, stride_ct, stride_ch,
+    offs_d, d_ok,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+):  # fmt: skip
+    """One KV tile of the online softmax; ``MASKED``: the tile may cross the causal edge or
+    the end of the sequence (otherwise every row sees every position of it)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if MASKED:
+        n_ok = offs_n < kv_end
+        block_ids = tl.load(
+            block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_ok, other=0
+        )
+    else:
+        block_ids = tl.load(block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE)
+    kv_off = (
+        block_ids.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + kv_head * stride_ch
+    )
+    if MASKED:
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :])
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :])
+    else:
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+
+    s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
+    if SOFT_CAP > 0.0:  # s is in log2 units here: cap in those units, tanh = 2 sig(2x) - 1
+        cap2 = SOFT_CAP * 1.4426950408889634
+        s = cap2 * (2.0 * tl.sigmoid(2.0 * s / cap2) - 1.0)
+    if MASKED:
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        if WINDOW > 0:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - WINDOW)
+        s = tl.where(visible, s, float("-inf"))
+    elif WINDOW > 0:
+        s = tl.where(offs_n[None, :] > q_pos[:, None] - WINDOW, s, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # Rows that have seen nothing yet keep m = -inf; guard the subtraction.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + pv.to(tl.float32)
+    return acc, m_new, l_i
+
+
 # stride_bt is the widest block table of the step: it changes from step to step, and Triton
 # would compile a variant per value class (1, multiple of 16, other) in the middle of a run.
 @triton.jit(do_not_specialize=["stride_bt"])
@@ -157,39 +212,23 @@ def paged_attention_kernel(
         chunk = tl.cdiv(tl.cdiv(kv_end, SPLITS), BLOCK_N) * BLOCK_N
         kv_start = tl.maximum(kv_start, split * chunk)
         kv_end = tl.minimum(kv_end, (split + 1) * chunk)
-    for start_n in range(kv_start, kv_end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < kv_end
-        block_ids = tl.load(
-            block_tables_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_ok, other=0
-        )
-        kv_off = (
-            block_ids.to(tl.int64) * stride_cb
-            + (offs_n % BLOCK_SIZE) * stride_ct
-            + kv_head * stride_ch
-        )
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-
-        s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
-        if SOFT_CAP > 0.0:  # s is in log2 units here: cap in those units, tanh = 2 sig(2x) - 1
-            cap2 = SOFT_CAP * 1.4426950408889634
-            s = cap2 * (2.0 * tl.sigmoid(2.0 * s / cap2) - 1.0)
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
-        if WINDOW > 0:
-            visible = visible & (offs_n[None, :] > q_pos[:, None] - WINDOW)
-        s = tl.where(visible, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # Rows that have seen nothing yet keep m = -inf; guard the subtraction.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + pv.to(tl.float32)
-        m_i = m_new
+    # Tiles wholly at or below the first row's position need no causal or bounds mask.
+    full_end = (ctx_len + qblock * BLOCK_Q + 1) // BLOCK_N * BLOCK_N
+    full_end = tl.minimum(tl.maximum(full_end, kv_start), kv_end)
+    for start_n in range(kv_start, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start_n, kv_end, q_pos, qk_scale, seq, kv_head,
+            k_cache_ptr, v_cache_ptr, block_tables_ptr, stride_bt, stride_cb, stride_ct,
+            stride_ch, offs_d, d_ok, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, WINDOW, SOFT_CAP,
+            False, HEAD_DIM == HEAD_DIM_P,
+        )  # fmt: skip
+    for start_n in range(full_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start_n, kv_end, q_pos, qk_scale, seq, kv_head,
+            k_cache_ptr, v_cache_ptr, block_tables_ptr, stride_bt, stride_cb, stride_ct,
+            stride_ch, offs_d, d_ok, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, WINDOW, SOFT_CAP,
+            True, HEAD_DIM == HEAD_DIM_P,
+        )  # fmt: skip
 
     if SPLITS > 1:  # unnormalized partial output, max and sum: combine_splits_kernel merges
         if FP8:
