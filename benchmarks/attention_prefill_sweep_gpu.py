@@ -8,7 +8,8 @@ Run on the GPU machine (Engine's packages on the path)::
 For each case of ``attention_fa3_gpu.CASES`` plus W1-like prefill (16 x 512): the time of
 this tree's kernel and, with ``--old-kernels`` (a copy of an earlier ``kernels.py``), of
 that kernel with the same tiles, and the largest difference of their outputs. For the
-prefill cases it then times every ``PREFILL_TILES`` candidate (least BLOCK_M, BLOCK_N,
+prefill cases it times the query blocks launched in sequence order (``HEAVY_FIRST`` off)
+and then every ``PREFILL_TILES`` candidate (least BLOCK_M, BLOCK_N,
 warps, stages) and, where the lengths are equal and nothing is cached, torch's
 ``scaled_dot_product_attention`` on contiguous tensors (the flash kernel torch ships) as a
 reference point. Each call is timed inside a CUDA graph (``quant_gemv_gpu.Timer``).
@@ -107,7 +108,7 @@ def main() -> None:
     record["default_tiles"] = list(default_tiles)
     print(record["device"], "default prefill tiles", default_tiles, flush=True)
     print(f"{'case':28s} {'new us':>8s} {'old us':>8s} {'old/new':>8s} {'|diff|':>8s} "
-          f"{'sdpa us':>8s}", flush=True)  # fmt: skip
+          f"{'sdpa us':>8s} {'in order':>8s}", flush=True)  # fmt: skip
     with torch.inference_mode():
         for name, seqs in cases:
             t = build(seqs, device)
@@ -122,11 +123,15 @@ def main() -> None:
             prefill = not t["batch"].is_decode_only
             if prefill:
                 row["sdpa_us"] = sdpa_us(seqs, t, timer)
+                backend_mod.HEAVY_FIRST = False  # the query blocks in sequence order
+                row["in_order_us"], _ = time_backend(backend, t, timer)
+                backend_mod.HEAVY_FIRST = True
             record["rows"].append(row)
             old_us = row.get("old_us", float("nan"))
             print(f"{name:28s} {new_us:8.1f} {old_us:8.1f} {old_us / new_us:8.2f} "
                   f"{row.get('max_abs_diff', float('nan')):8.4f} "
-                  f"{row.get('sdpa_us') or float('nan'):8.1f}", flush=True)  # fmt: skip
+                  f"{row.get('sdpa_us') or float('nan'):8.1f} "
+                  f"{row.get('in_order_us', float('nan')):8.1f}", flush=True)  # fmt: skip
             if prefill:
                 for tiles in CANDIDATES:
                     backend_mod.PREFILL_TILES = tiles

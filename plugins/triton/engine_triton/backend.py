@@ -26,7 +26,10 @@ SPLIT_BLOCK_N = 32  # KV tile of a split decode program (short chunks: less mask
 # Launches with query blocks (prefill, chunks, mixed steps): (least BLOCK_M rows, BLOCK_N
 # for head_dim <= 128, warps, pipeline stages); benchmarks/attention_prefill_sweep_gpu.py
 # measures the alternatives.
-PREFILL_TILES = (64, 64, 4, 3)
+PREFILL_TILES = (64, 64, 4, 2)
+# Launch the query blocks that attend to the most KV positions first (causal prefill: the
+# last blocks of the longest prompts), so the long programs do not form the tail.
+HEAVY_FIRST = True
 
 
 @dataclass
@@ -104,6 +107,12 @@ class TritonAttentionBackend(AttentionBackend):
             seq_of = np.repeat(np.arange(len(q_lens), dtype=np.int32), counts)
             first = np.repeat(np.cumsum(counts) - counts, counts)
             qblock = (np.arange(num_work) - first).astype(np.int32)
+            if HEAVY_FIRST:
+                seq_lens = np.asarray(batch.seq_lens_cpu, dtype=np.int64)[seq_of]
+                q_len = q_lens[seq_of]
+                kv_positions = seq_lens - q_len + np.minimum((qblock + 1) * block_q, q_len)
+                order = np.argsort(-kv_positions, kind="stable")
+                seq_of, qblock = seq_of[order], qblock[order]
             work_seq = torch.from_numpy(seq_of).to(device, non_blocking=True)
             work_qblock = torch.from_numpy(qblock).to(device, non_blocking=True)
         return TritonMetadata(

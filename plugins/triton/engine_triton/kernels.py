@@ -212,9 +212,12 @@ def paged_attention_kernel(
         chunk = tl.cdiv(tl.cdiv(kv_end, SPLITS), BLOCK_N) * BLOCK_N
         kv_start = tl.maximum(kv_start, split * chunk)
         kv_end = tl.minimum(kv_end, (split + 1) * chunk)
-    # Tiles wholly at or below the first row's position need no causal or bounds mask.
-    full_end = (ctx_len + qblock * BLOCK_Q + 1) // BLOCK_N * BLOCK_N
-    full_end = tl.minimum(tl.maximum(full_end, kv_start), kv_end)
+    # Query blocks (prefill): the tiles wholly at or below the first row's position need no
+    # causal or bounds mask. Decode keeps one masked loop (measured faster at batch 64-256).
+    full_end = kv_start
+    if BLOCK_Q > 1:
+        full_end = (ctx_len + qblock * BLOCK_Q + 1) // BLOCK_N * BLOCK_N
+        full_end = tl.minimum(tl.maximum(full_end, kv_start), kv_end)
     for start_n in range(kv_start, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, start_n, kv_end, q_pos, qk_scale, seq, kv_head,

@@ -250,3 +250,23 @@ def test_spec_declares_fp8_kv_cache():
 
     (spec,) = engine_triton.plugin.register_attention_backends()
     assert set(spec.kv_cache_dtypes) == {"auto", "fp8", "fp8_e4m3"}
+
+
+def test_prefill_work_runs_heaviest_query_blocks_first():
+    """Every (sequence, query block) is launched once, ordered by KV positions attended."""
+    from engine_triton import backend as backend_mod
+
+    ctx_lens, q_lens = [0, 100, 5], [130, 40, 1]
+    batch, _ = _make_batch(ctx_lens, q_lens, 16, 40, torch.Generator().manual_seed(0))
+    cfg = AttentionLayerConfig(4, 2, 16, 0.25, 16, torch.float32)
+    meta = backend_mod.TritonAttentionBackend(cfg).build_metadata(batch)
+    seqs, blocks = meta.work_seq.cpu().tolist(), meta.work_qblock.cpu().tolist()
+    expected = {(s, b) for s, q in enumerate(q_lens) for b in range(-(-q // meta.block_q))}
+    assert len(seqs) == meta.num_work == len(expected)
+    assert set(zip(seqs, blocks, strict=True)) == expected
+    cost = [
+        ctx_lens[s] + min((b + 1) * meta.block_q, q_lens[s])
+        for s, b in zip(seqs, blocks, strict=True)
+    ]
+    assert cost == sorted(cost, reverse=True)
+    assert cost[0] > cost[-1]
