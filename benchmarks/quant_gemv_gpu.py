@@ -240,6 +240,7 @@ def measure(p: Projection, m: int, timer: Timer, errors: list[str]) -> dict[str,
 
 def sweep(p: Projection, m: int, timer: Timer, deadline: float, smoke: bool) -> list[dict]:
     """Time tiles / warps / stages / programs per SM of both GEMVs; rows with ms."""
+    import triton
     from engine_awq import gemv as awq_gemv_mod
     from engine_fp8 import gemv as fp8_gemv_mod
     from engine_sdk.layers.split_k import num_multiprocessors, pick_split
@@ -254,6 +255,10 @@ def sweep(p: Projection, m: int, timer: Timer, deadline: float, smoke: bool) -> 
     fp8_tiles = [("fma", 64, 128, 4), ("fma", 32, 256, 4), ("fma", 128, 64, 4),
                  ("fma", 64, 256, 8), ("fma", 128, 128, 8)] if m == 1 else []  # fmt: skip
     fp8_tiles += [("dot", 64, 128, 4), ("dot", 128, 128, 8), ("dot", 64, 256, 4)] if m > 1 else []
+    # The bf16 GEMV's shape (engine_sdk.layers.gemv.pick_tiles): a few weight rows per
+    # program, long K chunks, no split (no partial sums, no counters): small projections.
+    fp8_rows = [("fma", 2, 1024, 4), ("fma", 2, 2048, 4), ("fma", 4, 512, 4),
+                ("fma", 4, 1024, 4), ("fma", 8, 512, 4)] if m <= 4 else []  # fmt: skip
     stages, per_sm = ((2, 4), (2, 4, 6, 8)) if not smoke else ((2,), (2,))
     rows: list[dict[str, Any]] = []
     jobs: list[tuple[str, Any, Callable[[Any, Any, Any], Any]]] = []
@@ -273,6 +278,14 @@ def sweep(p: Projection, m: int, timer: Timer, deadline: float, smoke: bool) -> 
                 jobs.append(("fp8c", {**cfg._asdict(), "per_sm": pps},
                              lambda xx, t, lk, c=cfg: fp8_gemv_mod.fp8_gemv(
                                  xx, *t, None, None, c, lk)))  # fmt: skip
+    for variant, bn, bk, nw in fp8_rows[: 1 if smoke else None]:
+        for st in (1, 2):
+            cfg = fp8_gemv_mod.GemvConfig(
+                variant, bn, min(bk, triton.next_power_of_2(p.num_in)), nw, st, 1
+            )
+            jobs.append(("fp8c", {**cfg._asdict(), "per_sm": 0},
+                         lambda xx, t, lk, c=cfg: fp8_gemv_mod.fp8_gemv(
+                             xx, *t, None, None, c, lk)))  # fmt: skip
     for family, cfg_dict, fn in jobs:
         if time.time() > deadline:
             break

@@ -9,26 +9,55 @@
 #   bash benchmarks/round8_gpu.sh lora        multi-LoRA (lora_gpu.py: kernels, batch-1 decode
 #                                             with an adapter, W1 over 4 adapters), then the
 #                                             0.6B decode profiles of bf16 / FP8 / AWQ
+#   bash benchmarks/round8_gpu.sh fp8rows     W2 of the 0.6B shape with FP8 (the tuned table
+#                                             as committed), the FP8 GEMV sweep with the bf16
+#                                             GEMV's few-rows tiles (quant_gemv_gpu.py, 1
+#                                             token), its winners merged into the tree's
+#                                             table, then W2 with FP8 again and with bf16
 #   bash benchmarks/round8_gpu.sh w3          W3 served at c=256 (TPOT p99 against p50)
 set -uo pipefail
-MODE="${1:?attention, lora or w3}"
+MODE="${1:?attention, lora, fp8rows or w3}"
+w2() {  # w2 NAME [engine args]: batch-1 decode of the 0.6B shape, ms per output token
+    local name=$1; shift
+    py 150 -m engine.cli.main bench latency --model .gpu/qwen3 --load-format dummy \
+        --dtype bfloat16 --batch-size 1 --input-len 128 --output-len 256 --num-iters 3 \
+        --num-iters-warmup 1 --max-num-seqs 1 "$@" --save-result "$OUT/w2_$name.json" \
+        > "$OUT/w2_$name.log" 2>&1
+    grep -m3 "ms_per_output_token\|Error\|error:" "$OUT/w2_$name.log" | sed "s/^/$name: /"
+}
 source benchmarks/device_install.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$MODE" = attention ]; then
     py 260 benchmarks/attention_prefill_sweep_gpu.py --old-kernels .gpu/triton_old_kernels.py \
         --out "$OUT/attention_prefill.json" 2>&1 | tail -40
-    for c in 0 1; do
-        ENGINE_TORCH_COMPILE=$c py 140 -m engine.cli.main bench latency --model .gpu/qwen3 \
-            --load-format dummy --dtype bfloat16 --batch-size 1 --input-len 128 \
-            --output-len 256 --num-iters 3 --num-iters-warmup 1 --max-num-seqs 1 \
-            --save-result "$OUT/w2_compile$c.json" > "$OUT/w2_compile$c.log" 2>&1
-        grep -m3 "ms per output token\|Error\|error:" "$OUT/w2_compile$c.log" | sed "s/^/compile=$c /"
-    done
+    w2 compile0
+    ENGINE_TORCH_COMPILE=1 w2 compile1
 elif [ "$MODE" = lora ]; then
     py 250 benchmarks/lora_gpu.py --quick --parts kernels,decode,w1 --out "$OUT/lora_gpu.json" \
         2>&1 | tail -26
     bash benchmarks/round6_profile_gpu.sh .gpu/qwen3 qwen06b 32 2>&1 | grep -v "^Looking\|^Processing" \
         | grep -A12 "^===" | head -60
+elif [ "$MODE" = fp8rows ]; then
+    w2 fp8_before --quantization fp8
+    py 200 benchmarks/quant_gemv_gpu.py --models Qwen3-0.6B --tokens 1 --sweep-tokens 1 \
+        --sweep-s 100 --write-tuned "$OUT/tuned" --out "$OUT/quant_gemv_06b.json" 2>&1 \
+        | grep -A12 "== sweep"
+    python3 - "$OUT/tuned/engine_fp8" plugins/fp8/engine_fp8/tuned <<'PY'
+import json, sys
+from pathlib import Path
+new_dir, tree = Path(sys.argv[1]), Path(sys.argv[2])
+for new in new_dir.glob("*.json"):
+    old = tree / new.name
+    table = json.loads(old.read_text()) if old.exists() else json.loads(new.read_text())
+    found = json.loads(new.read_text())["configs"]
+    table["configs"].update(found)
+    old.write_text(json.dumps(table, indent=1) + "\n")
+    print("merged", len(found), "tiles into", old, found)
+PY
+    cp plugins/fp8/engine_fp8/tuned/*.json "$OUT/" 2>/dev/null
+    source benchmarks/device_install.sh
+    w2 fp8_after --quantization fp8
+    w2 bf16
 else
     py 400 benchmarks/serve_side_by_side.py --parts w3 --engine-only --model "$(realpath .gpu/qwen3)" \
         --loads 256:1024 --out "$OUT/w3_tpot.json" 2>&1 | tail -8

@@ -26,6 +26,8 @@ GEMV_CASES = [
     (7, 256, 80, GemvConfig("dot", 32, 64, split=3)),
     (12, 200, 40, GemvConfig("dot", 16, 32, split=2)),
     (16, 192, 64, GemvConfig("dot", 16, 32)),
+    (1, 200, 70, GemvConfig("fma", 2, 64, num_stages=1, split=1)),  # the bf16 GEMV's rows
+    (3, 320, 36, GemvConfig("fma", 4, 64, split=1)),
 ]
 
 
