@@ -14,9 +14,13 @@
 #                                             GEMV's few-rows tiles (quant_gemv_gpu.py, 1
 #                                             token), its winners merged into the tree's
 #                                             table, then W2 with FP8 again and with bf16
+#   bash benchmarks/round8_gpu.sh final       W2 with FP8 (the merged table, fp8_norm rows for
+#                                             the add+RMSNorm launches) and bf16, the attention
+#                                             sweep again (heaviest query blocks first, decode
+#                                             with one masked loop), W2 with torch.compile
 #   bash benchmarks/round8_gpu.sh w3          W3 served at c=256 (TPOT p99 against p50)
 set -uo pipefail
-MODE="${1:?attention, lora, fp8rows or w3}"
+MODE="${1:?attention, lora, fp8rows, final or w3}"
 w2() {  # w2 NAME [engine args]: batch-1 decode of the 0.6B shape, ms per output token
     local name=$1; shift
     py 150 -m engine.cli.main bench latency --model .gpu/qwen3 --load-format dummy \
@@ -37,6 +41,13 @@ elif [ "$MODE" = lora ]; then
         2>&1 | tail -26
     bash benchmarks/round6_profile_gpu.sh .gpu/qwen3 qwen06b 32 2>&1 | grep -v "^Looking\|^Processing" \
         | grep -A12 "^===" | head -60
+elif [ "$MODE" = final ]; then
+    w2 fp8 --quantization fp8
+    w2 bf16
+    py 200 benchmarks/attention_prefill_sweep_gpu.py --old-kernels .gpu/triton_old_kernels.py \
+        --out "$OUT/attention_prefill.json" 2>&1 | tail -30
+    ENGINE_TORCH_COMPILE=1 w2 compile1
+    grep -B2 -A8 -m1 "Traceback\|Error" "$OUT/w2_compile1.log" | tail -14
 elif [ "$MODE" = fp8rows ]; then
     w2 fp8_before --quantization fp8
     py 200 benchmarks/quant_gemv_gpu.py --models Qwen3-0.6B --tokens 1 --sweep-tokens 1 \

@@ -217,12 +217,19 @@ def gemv_config(
     num_out: int,
     num_in: int,
     block: tuple[int, int] | None = None,
+    norm: bool = False,
 ) -> GemvConfig:
     """The tile a layer runs: the measured one for this GPU and shape
     (``engine_fp8/tuned/<device>.json``, :func:`engine_sdk.layers.split_k.tuned_config`,
     swept per channel; a block-scaled weight takes it when its ``BLOCK_K`` divides the
-    scale block's columns), else :func:`default_gemv_config`."""
-    found = tuned_config("engine_fp8", "fp8", device, num_out, num_in, num_tokens)
+    scale block's columns), else :func:`default_gemv_config`. ``norm``: the launch with the
+    add+RMSNorm prologue, whose rows (``fp8_norm``) come first: every program of a tile
+    re-forms the row's norm, so a few-rows tile that wins alone can lose there."""
+    found = None
+    if norm:
+        found = tuned_config("engine_fp8", "fp8_norm", device, num_out, num_in, num_tokens)
+    if found is None:
+        found = tuned_config("engine_fp8", "fp8", device, num_out, num_in, num_tokens)
     if found is not None:
         config = GemvConfig(**{k: v for k, v in found.items() if k in GemvConfig._fields})
         if block is None or block[1] % config.block_k == 0:
@@ -285,7 +292,7 @@ def _launch(
     assert 0 < num_tokens <= MAX_TOKENS, f"the GEMV takes 1 to {MAX_TOKENS} rows"
     assert weight.shape[1] == num_in and weight.stride(1) == 1 and x.stride(1) == 1
     if config is None:
-        config = gemv_config(x.device, num_tokens, num_out, num_in, block)
+        config = gemv_config(x.device, num_tokens, num_out, num_in, block, norm is not None)
     use_dot = config.variant == "dot"
     block_m = 16 if use_dot else triton.next_power_of_2(num_tokens)
     assert not use_dot or min(config.block_n, config.block_k) >= 16

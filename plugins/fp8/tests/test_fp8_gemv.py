@@ -156,3 +156,28 @@ def test_gemv_add_rms_norm_equals_norm_then_gemv(
     assert _rel_err(out, _want(normed, dequantized, bias)) <= TOLERANCE[dtype]
     unfused = fp8_gemv(normed, q, scale, block, bias, config)
     assert _rel_err(out, unfused) <= TOLERANCE[dtype] / 4
+
+
+def test_norm_launch_takes_its_own_tuned_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The add+RMSNorm launch reads the ``fp8_norm`` row first, then the plain ``fp8`` row."""
+    from engine_fp8 import gemv as gemv_mod
+
+    rows = {
+        "fp8": {"variant": "fma", "block_n": 2, "block_k": 1024, "split": 1, "ms": 0.1},
+        "fp8_norm": {"variant": "fma", "block_n": 32, "block_k": 256, "split": 2},
+    }
+    asked: list[str] = []
+
+    def fake(package, kernel, device, num_out, num_in, num_tokens):  # type: ignore[no-untyped-def]
+        asked.append(kernel)
+        return rows.get(kernel)
+
+    monkeypatch.setattr(gemv_mod, "tuned_config", fake)
+    dev = torch.device("cpu")
+    assert gemv_mod.gemv_config(dev, 1, 4096, 1024) == GemvConfig("fma", 2, 1024, split=1)
+    assert asked == ["fp8"]
+    assert gemv_mod.gemv_config(dev, 1, 4096, 1024, norm=True) == GemvConfig(
+        "fma", 32, 256, split=2
+    )
+    del rows["fp8_norm"]
+    assert gemv_mod.gemv_config(dev, 1, 4096, 1024, norm=True).block_n == 2
