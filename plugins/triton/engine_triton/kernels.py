@@ -198,7 +198,8 @@ def paged_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
-    qk_scale = scale * 1.4426950408889634  # log2(e): use exp2
+    # log2(e): use exp2. float32 whatever the caller passes (torch.compile hands a float64).
+    qk_scale = tl.full([], scale * 1.4426950408889634, tl.float32)
     if FP8:
         qk_scale = qk_scale * tl.load(kv_scales_ptr)
 
