@@ -125,6 +125,33 @@ def test_shrink_over_the_fused_norm_and_the_norm_gemv_epilogue(
     assert (want - base).abs().max() > 10 * tol.max()  # the delta matters at this tolerance
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "rows,inter,rank,num_parts,row_slots",
+    [(1, 96, 16, 1, [1]), (3, 300, 8, 2, [0, -1, 1]), (2, 1100, 24, None, [-1, 1])],
+)
+def test_silu_and_mul_with_the_down_shrink(monkeypatch, rows, inter, rank, num_parts, row_slots,
+                                           dtype):  # fmt: skip
+    """One launch gives the activation of the separate kernel bit for bit and the parts of
+    the separate shrink over it (zeros for a row without adapter)."""
+    from engine_sdk.layers import fused_ops
+
+    monkeypatch.setenv("ENGINE_FUSED_OPS", "force")
+    gen = torch.Generator().manual_seed(rows + inter)
+    gate_up = (torch.randn(rows, 2 * inter, generator=gen) * 2).to(dtype).to(DEVICE)
+    a, _ = _adapters(gen, 2, inter, (8,), rank, dtype)
+    slots = torch.tensor(row_slots, dtype=torch.int32, device=DEVICE)
+    act, parts = lora.silu_and_mul_lora_shrink_triton(gate_up, a, slots, num_parts)
+    assert torch.equal(act, fused_ops.silu_and_mul_merged(gate_up))
+    assert parts.shape[1:] == (rows, rank) and (num_parts is None or parts.shape[0] == num_parts)
+    want = lora.lora_shrink_reference(act, a, slots)
+    torch.testing.assert_close(parts.sum(0), want.float(), atol=1e-3, rtol=1e-3)
+    assert want.abs().max() > 0.1
+    for i, slot in enumerate(row_slots):
+        if slot < 0:
+            assert not parts[:, i].any()
+
+
 def _lora_linear(k, sizes, rank, dtype, row_slots, seed):
     gen = torch.Generator().manual_seed(seed)
     layer = Linear(k, sum(sizes), bias=True, params_dtype=dtype)
@@ -202,14 +229,26 @@ def test_decoder_with_adapters_takes_the_fused_kernels_at_decode(monkeypatch, tm
         calls["gemv_epilogue"] += kwargs.get("lora") is not None
         return gemv_fn(*args, **kwargs)
 
+    silu_fn = lora.silu_and_mul_lora_shrink_triton
+
+    def silu_shrink(*args, **kwargs):
+        calls["silu_shrink"] += 1
+        return silu_fn(*args, **kwargs)
+
     monkeypatch.setattr(gemv, "gemv_add_rms_norm", norm)
     monkeypatch.setattr(gemv, "gemv", plain)
+    monkeypatch.setattr(lora, "silu_and_mul_lora_shrink_triton", silu_shrink)
+    calls["silu_shrink"] = 0
     num_layers = len(model.model.layers)
 
     fused = logits()
     # q/k/v of every layer but the first (no residual yet) and every gate/up; o and down
-    # plain, and the first layer's q/k/v
-    assert calls == {"norm_epilogue": 2 * num_layers - 1, "gemv_epilogue": 2 * num_layers + 1}
+    # plain, and the first layer's q/k/v; down's shrink inside the activation's kernel
+    assert calls == {
+        "norm_epilogue": 2 * num_layers - 1,
+        "gemv_epilogue": 2 * num_layers + 1,
+        "silu_shrink": num_layers,
+    }
     monkeypatch.setenv("ENGINE_GEMV", "0")
     monkeypatch.setenv("ENGINE_LORA_KERNELS", "0")
     lora._kernels.cache_clear()

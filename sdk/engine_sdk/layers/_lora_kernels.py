@@ -269,3 +269,40 @@ def lora_expand_blocked_kernel(
         mask = (row_slots[:, None] >= 0) & (offs_n[None, :] < n1)
         y = tl.load(y_ptrs, mask=mask, other=0.0)
         tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
+
+
+@triton.jit
+def silu_mul_lora_shrink_kernel(
+    gu_ptr, out_ptr, a_ptr, parts_ptr, slots_ptr,
+    inter, R, K_PER_PART,
+    stride_gu, stride_o, stride_as, stride_ar, stride_pp, stride_pt,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """``silu(gate) * up`` of a merged ``[gate | up]`` row (the roundings of
+    ``silu_mul_merged_kernel``) and, on the way, the shrink of that output for the next
+    projection (down): program (t, p) stores its part of the activation and its partial
+    product ``parts[p, t, :R]`` (zeros for a slot -1 token), so the down projection's
+    adapter needs no launch of its own before the GEMV that expands it."""
+    t = tl.program_id(0)
+    part = tl.program_id(1)
+    offs_r = tl.arange(0, BLOCK_R)
+    slot = tl.load(slots_ptr + t)
+    has_adapter = slot >= 0
+    a_base = a_ptr + tl.maximum(slot, 0).to(tl.int64) * stride_as
+    k_start = part * K_PER_PART
+    k_end = tl.minimum(k_start + K_PER_PART, inter)
+    acc = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < k_end
+        g = tl.load(gu_ptr + t * stride_gu + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        u = tl.load(gu_ptr + t * stride_gu + inter + offs_k, mask=mask_k, other=0.0)
+        act = (g / (1.0 + tl.exp(-g)) * u.to(tl.float32)).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + t * stride_o + offs_k, act, mask=mask_k)
+        a = tl.load(
+            a_base + offs_r[:, None] * stride_ar + offs_k[None, :],
+            mask=(offs_r[:, None] < R) & mask_k[None, :] & has_adapter,
+            other=0.0,
+        ).to(tl.float32)
+        acc += a * act.to(tl.float32)[None, :]
+    tl.store(parts_ptr + part * stride_pp + t * stride_pt + offs_r, tl.sum(acc, 1), mask=offs_r < R)

@@ -82,6 +82,11 @@ class GatedMLP(torch.nn.Module):
     def forward_gate_up(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The rest of ``forward`` from the merged gate/up output (a caller that computed
         it with a fused kernel continues here)."""
+        if self.hidden_act == "silu" and gate_up.dim() == 2:
+            # decode with adapters: the down projection's shrink rides in the activation
+            fused = self.down_proj.lora_silu_and_mul(gate_up)
+            if fused is not None:
+                return fused
         if self.hidden_act != "silu":
             gate, up = gate_up.chunk(2, dim=-1)
             hidden = act_and_mul(gate, up, self.hidden_act)

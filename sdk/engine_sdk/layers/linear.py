@@ -152,6 +152,23 @@ class Linear(torch.nn.Module):
         epilogue = lora.epilogue_add_rms_norm(x, residual, norm_weight, eps)
         return gemv.gemv_add_rms_norm(x, residual, norm_weight, eps, weight, self.bias, epilogue)
 
+    def lora_silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
+        """``self(silu(gate) * up)`` of a merged ``gate_up`` [M, 2 * in] with the adapters of
+        this step as two kernels (the activation with the shrink, then ``gemv.gemv`` with
+        the expand in its epilogue), or None where that does not run (the conditions of
+        ``lora_add_rms_norm``)."""
+        lora = self.lora
+        if lora is None or type(self).forward is not Linear.forward or not self.has_plain_weight:
+            return None
+        weight: torch.Tensor = self.weight  # type: ignore[assignment]
+        if gate_up.dim() != 2 or gate_up.shape[1] != 2 * weight.shape[1]:
+            return None
+        rows = gate_up[:, : weight.shape[1]]  # the activation's shape, for the checks
+        if not gemv.use_gemv(rows, weight) or not lora.fuses_into_gemv(rows):
+            return None
+        act, epilogue = lora.epilogue_silu_and_mul(gate_up)
+        return gemv.gemv(act, weight, self.bias, lora=epilogue)
+
     def extra_repr(self) -> str:
         method = type(self.quant_method).__name__
         return f"in={self.input_size}, out={self.output_size}, method={method}"

@@ -165,6 +165,13 @@ class LoRALayer:
         parts = lora_shrink_add_rms_norm_triton(x, residual, norm_weight, eps, self.lora_a, slots)
         return self._epilogue(parts, slots)
 
+    def epilogue_silu_and_mul(self, gate_up: torch.Tensor) -> tuple[torch.Tensor, LoRAEpilogue]:
+        """``silu(gate) * up`` of ``gate_up`` and ``epilogue`` of it, from one launch that
+        computes the activation and the shrink together (the down projection)."""
+        slots = self.context.token_slots[: gate_up.shape[0]]
+        act, parts = silu_and_mul_lora_shrink_triton(gate_up, self.lora_a, slots)
+        return act, self._epilogue(parts, slots)
+
     def _epilogue(self, parts: torch.Tensor, slots: torch.Tensor) -> LoRAEpilogue:
         from engine_sdk.layers.gemv import LoRAEpilogue
 
@@ -416,6 +423,33 @@ def lora_shrink_add_rms_norm_triton(
             BLOCK_R=_SHRINK_BLOCK_R, BLOCK_K=block_k,
         )  # fmt: skip
     return out
+
+
+def silu_and_mul_lora_shrink_triton(
+    gate_up: torch.Tensor, lora_a: torch.Tensor, slots: torch.Tensor, num_parts: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(silu(gate) * up, parts)`` of ``gate_up`` [T, 2 * inter] in one launch: the
+    activation (as ``fused_ops.silu_and_mul_merged`` gives it) and the per-token shrink's
+    parts ``[P, T, R]`` of that activation with ``lora_a`` [slots, R, inter]."""
+    from engine_sdk.layers._lora_kernels import silu_mul_lora_shrink_kernel
+
+    assert gate_up.stride(-1) == 1 and lora_a.stride(-1) == 1
+    num_tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    r = lora_a.shape[1]
+    block_r = _block(r)
+    block_k = min(256, max(32, 4096 // block_r), _block(inter, 32))
+    split, k_per_part = _k_parts(num_tokens, inter, block_k, gate_up.device, num_parts)
+    act = torch.empty(num_tokens, inter, dtype=gate_up.dtype, device=gate_up.device)
+    out = torch.empty(split, num_tokens, r, dtype=torch.float32, device=gate_up.device)
+    if num_tokens > 0:
+        silu_mul_lora_shrink_kernel[(num_tokens, split)](
+            gate_up, act, lora_a, out, slots,
+            inter, r, k_per_part,
+            gate_up.stride(0), act.stride(0), lora_a.stride(0), lora_a.stride(1),
+            out.stride(0), out.stride(1),
+            BLOCK_R=block_r, BLOCK_K=block_k,
+        )  # fmt: skip
+    return act, out
 
 
 def _parts_or_sum(out: torch.Tensor, parts: bool) -> torch.Tensor:
