@@ -37,7 +37,7 @@ from engine.lora.request import LoRARequest
 from engine.model_executor.pooling_task import PoolingConfig
 from engine.outputs import RequestOutput, SchedulerStats
 from engine.outputs_processing import EngineCounters
-from engine.sampling_params import SamplingParams, StructuredOutputsParams
+from engine.sampling_params import SamplingParams
 from engine.tokenization.input_processor import PreparedRequest, PromptType
 
 logger = logging.getLogger(__name__)
@@ -178,10 +178,6 @@ class AsyncLLM:
         pooling: PoolingConfig | None = self.engine.pooling
         return pooling
 
-    def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:
-        """Cheap checks of a constraint (never compiles): ``RequestValidationError``."""
-        self.engine.validate_structured_outputs(params)
-
     def default_sampling_params(self) -> SamplingParams:
         return self.engine.default_sampling_params()
 
@@ -240,6 +236,24 @@ class AsyncLLM:
         self._streams.declare_dead(reason)
 
     # -- requests -----------------------------------------------------------------------------
+
+    def prepare(
+        self,
+        request_id: str,
+        prompts: Sequence[PromptType],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> list[PreparedRequest]:
+        """The front end: see ``LLMEngine.prepare_requests``."""
+        return self.engine.prepare_requests(
+            request_id, prompts, params, priority, cache_salt, lora_request
+        )
+
+    def generate_prepared(self, prepared: PreparedRequest) -> AsyncGenerator[RequestOutput, None]:
+        """See ``ClientStreams.generate``: closing the iterator aborts the request."""
+        return self._streams.generate(self._link, prepared)
 
     def generate(
         self,

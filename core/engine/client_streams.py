@@ -145,26 +145,32 @@ class ClientStreams:
     async def generate(
         self,
         link: EngineLink,
-        prompt: PromptType,
-        params: SamplingParams | None,
-        request_id: str | None,
-        priority: int,
-        cache_salt: str | None,
-        lora_request: LoRARequest | None,
+        prompt: PromptType | PreparedRequest,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Stream a request's outputs until it finishes; closing the iterator aborts it.
 
+        ``prompt``: a prompt, prepared here (the front end) from the other arguments, or a
+        ``PreparedRequest`` (from ``front.prepare_requests``), taken as it is.
         Bad input raises ``ValueError`` (``RequestValidationError``) on the first
         ``__anext__``; a full queue raises ``QueueFullError``.
         """
         if self.dead_error is not None:
             raise self.dead_error
         link.check_alive()
-        if request_id is None:
-            request_id = f"req-{next(self._ids)}"
-        prepared = self.front.prepare_request(
-            request_id, prompt, params, priority, cache_salt, lora_request
-        )
+        if isinstance(prompt, PreparedRequest):
+            prepared = prompt
+        else:
+            if request_id is None:
+                request_id = f"req-{next(self._ids)}"
+            prepared = self.front.prepare_request(
+                request_id, prompt, params, priority, cache_salt, lora_request
+            )
+        request_id = prepared.request_id
         await link.prepare(prepared)
         loop = asyncio.get_running_loop()
         stream = Stream(loop, asyncio.Queue())

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import struct
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -36,8 +36,8 @@ from engine.lora.request import LoRARequest
 from engine.model_executor.pooling_task import PoolingConfig
 from engine.outputs import RequestOutput, SchedulerStats
 from engine.outputs_processing.stats import EngineCounters
-from engine.sampling_params import SamplingParams, StructuredOutputsParams
-from engine.tokenization.input_processor import PromptType
+from engine.sampling_params import SamplingParams
+from engine.tokenization.input_processor import PreparedRequest, PromptType
 
 PREFIX_CHARS = 256  # about 64 tokens: four KV blocks of 16
 PREFIX_TOKENS = 64
@@ -159,9 +159,6 @@ class DataParallelAsyncLLM:
             messages, tools, add_generation_prompt, chat_template, chat_template_kwargs
         )
 
-    def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:
-        self.engines[0].validate_structured_outputs(params)
-
     # -- health and statistics ------------------------------------------------------------------
 
     @property
@@ -221,7 +218,30 @@ class DataParallelAsyncLLM:
         scores = [load_score(self.engines[i].stats(), self._num_in_flight[i]) for i in candidates]
         return candidates[choose_engine(prefix_key(prompt, cache_salt), scores)]
 
-    async def generate(
+    def prepare(
+        self,
+        request_id: str,
+        prompts: Sequence[PromptType],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> list[PreparedRequest]:
+        """Engine 0's front end (every engine serves the same model)."""
+        return self.engines[0].prepare(
+            request_id, prompts, params, priority, cache_salt, lora_request
+        )
+
+    def generate_prepared(self, prepared: PreparedRequest) -> AsyncGenerator[RequestOutput, None]:
+        return self._run(
+            prepared.request_id,
+            prepared.prompt_token_ids,
+            prepared.cache_salt,
+            prepared.lora_request,
+            lambda engine: engine.generate_prepared(prepared),
+        )
+
+    def generate(
         self,
         prompt: PromptType,
         params: SamplingParams | None = None,
@@ -230,8 +250,22 @@ class DataParallelAsyncLLM:
         cache_salt: str | None = None,
         lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        if request_id is None:
-            request_id = f"dp-{next(self._ids)}"
+        rid = request_id if request_id is not None else f"dp-{next(self._ids)}"
+
+        def start(engine: EngineClient) -> AsyncGenerator[RequestOutput, None]:
+            return engine.generate(prompt, params, rid, priority, cache_salt, lora_request)
+
+        return self._run(rid, prompt, cache_salt, lora_request, start)
+
+    async def _run(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        cache_salt: str | None,
+        lora_request: LoRARequest | None,
+        start: Callable[[EngineClient], AsyncGenerator[RequestOutput, None]],
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """The request's outputs from the engine ``choose`` picks for it."""
         # An adapter's requests share prefixes only with each other: route by both.
         route_key = cache_salt
         if lora_request is not None:
@@ -239,10 +273,7 @@ class DataParallelAsyncLLM:
         index = self.choose(prompt, route_key)
         self._owner[request_id] = index
         self._num_in_flight[index] += 1
-        stream = self.engines[index].generate(
-            prompt, params, request_id, priority=priority, cache_salt=cache_salt,
-            lora_request=lora_request,
-        )  # fmt: skip
+        stream = start(self.engines[index])
         try:
             async for output in stream:
                 yield output

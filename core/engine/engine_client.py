@@ -15,6 +15,10 @@ engine link, the part that differs (``ThreadLink``: an engine thread; ``ProcessL
 engine, or the engine process's model-less twin). Tests use one shared fake
 (``engine.testing.fake_client``).
 
+A route prepares its request once (``prepare``: the front end of ``LLMEngine``, which
+tokenizes, validates and fans out several prompts times n) and streams each prepared
+prompt (``generate_prepared``); ``generate`` does both for one prompt.
+
 ::
 
     routes ──> serving_* ──> EngineClient ──┬─ AsyncLLM = ClientStreams + ThreadLink
@@ -34,8 +38,8 @@ if TYPE_CHECKING:
     from engine.model_executor.pooling_task import PoolingConfig
     from engine.outputs import RequestOutput, SchedulerStats
     from engine.outputs_processing.stats import EngineCounters
-    from engine.sampling_params import SamplingParams, StructuredOutputsParams
-    from engine.tokenization.input_processor import PromptType
+    from engine.sampling_params import SamplingParams
+    from engine.tokenization.input_processor import PreparedRequest, PromptType
 
 __all__ = ["EngineClient", "EngineLoad"]
 
@@ -54,7 +58,7 @@ class EngineLoad(TypedDict):
 class EngineClient(Protocol):
     """What the API needs from an engine: requests, admission, stats, health, model facts.
 
-    Every method is cheap and safe to call from the event loop's thread.
+    Every method but ``prepare`` is cheap and safe to call from the event loop's thread.
     """
 
     # -- the model and its tokenizer ----------------------------------------------------------
@@ -81,14 +85,30 @@ class EngineClient(Protocol):
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> str: ...
 
-    def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:
-        """Cheap checks of a constraint (size, bounds; microseconds, never a compile):
-        ``RequestValidationError`` for a bad one. The engine compiles it later, once, in a
-        worker process; a constraint too slow or too large to compile then fails the
-        request's ``generate`` with ``RequestValidationError``."""
+    # -- requests -----------------------------------------------------------------------------
+
+    def prepare(
+        self,
+        request_id: str,
+        prompts: Sequence[PromptType],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> list[PreparedRequest]:
+        """The front end (``LLMEngine.prepare_requests``): tokenize, validate, apply the
+        defaults and fan out, one ``PreparedRequest`` per prompt (ids ``engine.fan_out``).
+        Tokenizer work, not cheap: the server runs it in its prepare pool. Bad input raises
+        ``RequestValidationError`` whose ``param`` names the field. A structured-output
+        constraint gets its cheap checks here (size, bounds; never a compile); the engine
+        compiles it later, once, in a worker process, and one too slow or too large to
+        compile fails the request's stream with ``RequestValidationError``."""
         ...
 
-    # -- requests -----------------------------------------------------------------------------
+    def generate_prepared(self, prepared: PreparedRequest) -> AsyncGenerator[RequestOutput, None]:
+        """Stream a prepared request's outputs as ``generate`` does, trusting what
+        ``prepare`` checked."""
+        ...
 
     def generate(
         self,
@@ -99,8 +119,8 @@ class EngineClient(Protocol):
         cache_salt: str | None = None,
         lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
-        """Stream one request's outputs (deltas) until it finishes; closing the iterator
-        aborts it. ``lora_request``: the adapter to run with (the engine needs LoRA on).
+        """Prepare one prompt and stream its outputs until it finishes; closing the
+        iterator aborts it. ``lora_request``: the adapter to run with (the engine needs LoRA on).
         Bad input raises ``RequestValidationError`` on the first ``__anext__``, a full
         queue ``QueueFullError``, a dead engine ``EngineDeadError``."""
         ...

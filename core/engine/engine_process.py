@@ -59,8 +59,8 @@ from engine.process_link import (
     kill_engine_process,
     to_update,
 )
-from engine.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
-from engine.tokenization.input_processor import PromptType
+from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.tokenization.input_processor import PreparedRequest, PromptType
 
 logger = logging.getLogger(__name__)
 
@@ -389,10 +389,6 @@ class ProcessAsyncLLM:
         pooling: PoolingConfig | None = self.engine.pooling
         return pooling
 
-    def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:
-        """Cheap checks of a constraint (never compiles): ``RequestValidationError``."""
-        self.engine.validate_structured_outputs(params)
-
     def default_sampling_params(self) -> SamplingParams:
         return self.engine.default_sampling_params()
 
@@ -448,6 +444,24 @@ class ProcessAsyncLLM:
         self._link.declare_dead(self._streams.declare_dead(reason))
 
     # -- requests -----------------------------------------------------------------------------
+
+    def prepare(
+        self,
+        request_id: str,
+        prompts: Sequence[PromptType],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> list[PreparedRequest]:
+        """The front end: see ``LLMEngine.prepare_requests``."""
+        return self.engine.prepare_requests(
+            request_id, prompts, params, priority, cache_salt, lora_request
+        )
+
+    def generate_prepared(self, prepared: PreparedRequest) -> AsyncGenerator[RequestOutput, None]:
+        """See ``ClientStreams.generate``: closing the iterator aborts the request."""
+        return self._streams.generate(self._link, prepared)
 
     def generate(
         self,

@@ -29,9 +29,19 @@ class QueueFullError(EngineError):
 
 
 class RequestValidationError(EngineError, ValueError):
-    """A request is invalid (HTTP 400); the message names the field."""
+    """A request is invalid (HTTP 400); the message names the field.
+
+    ``param``: the field in the engine's words (``prompt``, ``max_tokens``, ...), which the
+    HTTP layer reports as the error's ``param``; ``reason``: a finer code for callers that
+    react to it (``context_length_exceeded``). Neither crosses the process pipe.
+    """
 
     code = "invalid_request"
+
+    def __init__(self, message: str, param: str | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.reason = reason
 
 
 class EngineRequestError(EngineError):

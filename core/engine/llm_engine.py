@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -259,6 +259,45 @@ class LLMEngine:
             chat_template_kwargs=chat_template_kwargs,
         )
 
+    def prepare_requests(
+        self,
+        request_id: str,
+        prompts: Sequence[PromptType],
+        params: SamplingParams | Sequence[SamplingParams | None] | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+    ) -> list[PreparedRequest]:
+        """The front end, without touching engine state (safe from any thread): check the
+        adapters, apply the sampling defaults, tokenize, validate and fan out, one
+        ``PreparedRequest`` per prompt (``engine.fan_out``'s ids); check each constraint
+        (the engine compiles it when the request is added). ``params`` and
+        ``lora_request``: one for all prompts or one per prompt."""
+        num = len(prompts)
+        params_list = _per_prompt(params, num, "SamplingParams")
+        loras = _per_prompt(lora_request, num, "lora_request")
+        for lora in dict.fromkeys(loras):
+            if lora is not None:
+                self.check_lora_request(lora)
+        salts = [cache_salt] * num
+        if self.pooling is not None:
+            from engine.pooling_request import pooling_request
+
+            # Each prompt its own salt (mean pooling): see pooling_request.
+            pooled = [pooling_request(self.pooling, cache_salt) for _ in prompts]
+            params_list = [p for p, _ in pooled]
+            salts = [salt for _, salt in pooled]
+        resolved = [p if p is not None else self.default_sampling_params() for p in params_list]
+        prepared = self.input_processor.prepare_all(
+            request_id, prompts, resolved, priority, salts, loras
+        )
+        for constraint in _distinct(p.structured_outputs for p in resolved):
+            try:  # checked here, compiled by the engine
+                self.validate_structured_outputs(constraint)
+            except RequestValidationError as exc:
+                raise RequestValidationError(str(exc), "structured_outputs") from None
+        return prepared
+
     def prepare_request(
         self,
         request_id: str,
@@ -268,25 +307,15 @@ class LLMEngine:
         cache_salt: str | None = None,
         lora_request: LoRARequest | None = None,
     ) -> PreparedRequest:
-        """Tokenize and validate without touching engine state (safe from any thread)."""
-        if lora_request is not None:
-            self.check_lora_request(lora_request)
-        if self.pooling is not None:
-            from engine.pooling_request import pooling_request
-
-            params, cache_salt = pooling_request(self.pooling, cache_salt)
-        if params is None:
-            params = self.default_sampling_params()
-        prepared = self.input_processor.prepare(
-            request_id, prompt, params, priority, cache_salt, lora_request
+        """``prepare_requests`` of one prompt (its id is ``request_id``)."""
+        [prepared] = self.prepare_requests(
+            request_id, [prompt], params, priority, cache_salt, lora_request
         )
-        if params.structured_outputs is not None:  # checked here, compiled by the engine
-            self.validate_structured_outputs(params.structured_outputs)
         return prepared
 
     def add_prepared_request(self, prepared: PreparedRequest) -> None:
         """Queue a prepared request (engine thread only)."""
-        lora_request = prepared.core_requests[0].lora_request if prepared.core_requests else None
+        lora_request = prepared.lora_request
         if lora_request is not None:
             self._check_lora_targets(lora_request)
         self.output_processor.add_request(
@@ -307,6 +336,22 @@ class LLMEngine:
             raise
         self._counters.num_requests_added += 1
 
+    def add_prepared_requests(self, prepared: Sequence[PreparedRequest]) -> None:
+        """Compile the requests' constraints (all at once, blocking the caller until they
+        are ready), then queue them all; on an error none of them stays queued."""
+        constraints = _distinct(p.params.structured_outputs for p in prepared)
+        compiles = [self.compile_structured_outputs_async(c) for c in constraints]
+        for future in compiles:
+            future.result()
+        added: list[str] = []
+        try:
+            for p in prepared:
+                self.add_prepared_request(p)
+                added.append(p.request_id)
+        except BaseException:
+            self.abort_request(added)
+            raise
+
     def add_request(
         self,
         request_id: str,
@@ -318,13 +363,9 @@ class LLMEngine:
     ) -> None:
         """Tokenize, validate, compile its constraint (blocking the caller until the grammar
         is ready) and queue a request. ``ValueError`` on bad input."""
-        prepared = self.prepare_request(
-            request_id, prompt, params, priority, cache_salt, lora_request
+        self.add_prepared_requests(
+            [self.prepare_request(request_id, prompt, params, priority, cache_salt, lora_request)]
         )
-        structured = prepared.params.structured_outputs
-        if structured is not None:
-            self.compile_structured_outputs_async(structured).result()
-        self.add_prepared_request(prepared)
 
     def check_lora_request(self, lora_request: LoRARequest) -> None:
         """``RequestValidationError`` unless LoRA is on and the adapter fits (checked once
@@ -453,3 +494,24 @@ def _make_runner(args: EngineArgs, pm: PluginManager, source: Any) -> Any:
     from engine.executor import build_executor
 
     return build_executor(args, pm, source)
+
+
+def _per_prompt(value: Any, num_prompts: int, name: str) -> list[Any]:
+    """``value`` for each prompt: a single value (or None) repeated, or a list of one per
+    prompt."""
+    if value is None or not isinstance(value, Sequence):
+        return [value] * num_prompts
+    values = list(value)
+    if len(values) != num_prompts:
+        raise ValueError(
+            f"got {len(values)} {name} for {num_prompts} prompts; pass one for all prompts "
+            "or exactly one per prompt"
+        )
+    return values
+
+
+def _distinct(
+    constraints: Iterable[StructuredOutputsParams | None],
+) -> list[StructuredOutputsParams]:
+    """The constraints, each object once (a request's prompts share their params' one)."""
+    return list({id(c): c for c in constraints if c is not None}.values())

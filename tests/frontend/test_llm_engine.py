@@ -173,6 +173,29 @@ def test_offline_llm_order_and_params(byte_tokenizer: Any) -> None:
     assert single[0].outputs[0].token_ids == outs[0].outputs[0].token_ids
 
 
+def test_offline_llm_several_prompts_times_n(byte_tokenizer: Any) -> None:
+    """One request of the front end: ids offline-K-P, each prompt's n samples in order with
+    seeds seed + i (as the prompt alone gets them), all prompts checked before any runs."""
+    tok = byte_tokenizer
+    llm = LLM.from_engine(build_engine(tok, seeded_random(range(10, 200))))
+    params = SamplingParams(n=2, seed=5, max_tokens=3, ignore_eos=True)
+    prompts: list[Any] = ["one", [30, 31, 32]]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.request_id for o in outs] == ["offline-0-0", "offline-0-1"]
+    for k, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+        [alone] = llm.generate(prompt, params, use_tqdm=False)
+        assert alone.request_id == f"offline-{k + 1}"
+        assert [c.index for c in out.outputs] == [0, 1]
+        assert [c.token_ids for c in out.outputs] == [c.token_ids for c in alone.outputs]
+        assert out.outputs[0].token_ids != out.outputs[1].token_ids  # seeds 5 and 6
+    added = llm.counters().num_requests_added
+    with pytest.raises(RequestValidationError, match="outside the vocabulary") as err:
+        llm.generate(["fine", [10**6]], params, use_tqdm=False)
+    assert err.value.param == "prompt"
+    assert llm.counters().num_requests_added == added  # the good prompt never ran either
+    assert llm.generate([], params) == []
+
+
 def test_offline_chat_renders_template(byte_tokenizer: Any) -> None:
     tok = byte_tokenizer
     llm = LLM.from_engine(build_engine(tok, scripted([50, 51], tok.eos_token_id)))

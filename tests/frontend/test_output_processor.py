@@ -6,13 +6,9 @@ from typing import Any
 
 from engine.core.outputs import EngineCoreOutput
 from engine.core.request import ReqId
+from engine.fan_out import child_params, child_req_ids
 from engine.outputs import Logprobs
-from engine.outputs_processing import (
-    IterationStats,
-    OutputProcessor,
-    child_params,
-    child_req_ids,
-)
+from engine.outputs_processing import IterationStats, OutputProcessor
 from engine.sampling_params import RequestOutputKind, SamplingParams
 
 

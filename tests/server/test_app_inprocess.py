@@ -3,6 +3,7 @@ metric registries, request ids, warnings once."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -99,3 +100,48 @@ def test_docs_hidden_with_api_key(tokenizer: Any) -> None:
     keyed = make_client(tokenizer, api_key="k")
     assert keyed.get("/openapi.json").status_code in (401, 404)
     assert keyed.get("/docs").status_code in (401, 404)
+
+
+@pytest.mark.parametrize(
+    "path,body,param,code",
+    [
+        ("/v1/completions", {"prompt": [5] * 250, "max_tokens": 10}, "max_tokens",
+         "context_length_exceeded"),
+        ("/v1/completions", {"prompt": [[5, 6], [5] * 256]}, "messages", "context_length_exceeded"),
+        ("/v1/completions", {"prompt": "hi", "min_tokens": 9, "max_tokens": 2}, "min_tokens", 400),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi " * 300}]},
+         "messages", "context_length_exceeded"),
+    ],
+)  # fmt: skip
+def test_front_end_errors_name_the_field_and_queue_nothing(
+    tokenizer: Any, path: str, body: dict[str, Any], param: str, code: str | int
+) -> None:
+    """The engine's front end checks each prompt once (in the prepare pool); its errors are
+    400s naming the request's field, and no prompt of a bad batch reaches the engine."""
+    client = make_client(tokenizer)
+    r = client.post(path, json={"model": "fake", **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["param"], err["code"]) == (param, code)
+    assert client.app.state.ctx.engine.counters().num_requests_added == 0  # type: ignore[attr-defined]
+
+
+def test_batch_times_n_streams_echo_then_samples_by_choice_index(tokenizer: Any) -> None:
+    client = make_client(tokenizer)
+    prompts = ["hello there", "the sky"]
+    body = {"model": "fake", "n": 2, "seed": 4, "max_tokens": 3, "echo": True}
+    batch = client.post("/v1/completions", json={**body, "prompt": prompts}).json()
+    alone = [client.post("/v1/completions", json={**body, "prompt": p}).json() for p in prompts]
+    texts = {c["index"]: c["text"] for c in batch["choices"]}
+    assert texts == {
+        p * 2 + c["index"]: c["text"] for p, a in enumerate(alone) for c in a["choices"]
+    }
+    assert texts[0] != texts[1] and texts[2].startswith("the sky")
+    r = client.post("/v1/completions", json={**body, "prompt": prompts, "stream": True})
+    chunks = [json.loads(e[6:]) for e in r.text.split("\n\n") if e.startswith("data: {")]
+    echoed = [(c["choices"][0]["index"], c["choices"][0]["text"]) for c in chunks[:4]]
+    assert echoed == [(0, prompts[0]), (1, prompts[0]), (2, prompts[1]), (3, prompts[1])]
+    streamed = {i: "" for i in range(4)}
+    for chunk in chunks:
+        streamed[chunk["choices"][0]["index"]] += chunk["choices"][0]["text"]
+    assert streamed == texts

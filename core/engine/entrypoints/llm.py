@@ -77,9 +77,7 @@ class LLM:
                 "this model runs as an embedding model (task embed): use LLM.embed, or "
                 "build the LLM with task='generate'"
             )
-        prompt_list = _as_prompt_list(prompts)
-        loras = _lora_list(lora_request, len(prompt_list))
-        return self._run(prompt_list, _params_list(params, len(prompt_list)), use_tqdm, loras)
+        return self._run(_as_prompt_list(prompts), params, use_tqdm, lora_request)
 
     def chat(
         self,
@@ -113,8 +111,7 @@ class LLM:
             )
             # The template already wrote the special tokens (BOS and role markers).
             prompts.append({"prompt": text, "add_special_tokens": False})
-        loras = _lora_list(lora_request, len(prompts))
-        return self._run(prompts, _params_list(params, len(prompts)), use_tqdm, loras)
+        return self._run(prompts, params, use_tqdm, lora_request)
 
     def embed(
         self,
@@ -132,8 +129,7 @@ class LLM:
                 "to embed with its body"
             )
         check_dimensions(pooling, dimensions)
-        prompt_list = _as_prompt_list(prompts)
-        outputs = self._run(prompt_list, [None] * len(prompt_list), use_tqdm)
+        outputs = self._run(_as_prompt_list(prompts), None, use_tqdm)
         results = []
         for out in outputs:
             if out.pooled is None:
@@ -145,25 +141,22 @@ class LLM:
     def _run(
         self,
         prompts: list[PromptType],
-        params: list[SamplingParams | None],
+        params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool,
-        loras: list[LoRARequest | None] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
+        """Run the prompts as one request of the front end (``LLMEngine.prepare_requests``:
+        all validated before any is queued, fanned out into several prompts times n, ids
+        ``offline-K`` or ``offline-K-P``), then step until all finish."""
+        if not prompts:
+            return []
         engine = self.engine
-        order: dict[str, int] = {}
-        loras = loras if loras is not None else [None] * len(prompts)
-        try:
-            for prompt, p, lora in zip(prompts, params, loras, strict=True):
-                request_id = f"offline-{next(self._ids)}"
-                # One output per request, when it finishes: no per-step copies.
-                p = (p if p is not None else engine.default_sampling_params()).clone(
-                    output_kind=RequestOutputKind.FINAL_ONLY
-                )
-                engine.add_request(request_id, prompt, p, lora_request=lora)
-                order[request_id] = len(order)
-        except BaseException:
-            engine.abort_request(list(order))
-            raise
+        request_id = f"offline-{next(self._ids)}"
+        prepared = engine.prepare_requests(request_id, prompts, params, lora_request=lora_request)
+        for p in prepared:  # one output per prompt, when it finishes: no per-step copies
+            p.set_output_kind(RequestOutputKind.FINAL_ONLY)
+        engine.add_prepared_requests(prepared)
+        order = {p.request_id: i for i, p in enumerate(prepared)}
         results: list[RequestOutput | None] = [None] * len(order)
         bar = _progress_bar(len(order)) if use_tqdm and len(order) > 1 else None
         try:
@@ -184,20 +177,6 @@ class LLM:
         return [r for r in results if r is not None]
 
 
-def _lora_list(
-    lora_request: LoRARequest | Sequence[LoRARequest | None] | None, num_prompts: int
-) -> list[LoRARequest | None]:
-    if lora_request is None or isinstance(lora_request, LoRARequest):
-        return [lora_request] * num_prompts
-    loras = list(lora_request)
-    if len(loras) != num_prompts:
-        raise ValueError(
-            f"lora_request has {len(loras)} entries for {num_prompts} prompts; pass one "
-            "LoRARequest for all or one (or None) per prompt"
-        )
-    return loras
-
-
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
     if isinstance(prompts, (str, Mapping)):
         return [prompts]
@@ -205,20 +184,6 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
     if items and all(isinstance(p, int) and not isinstance(p, bool) for p in items):
         return [items]  # one prompt given as token ids
     return items
-
-
-def _params_list(
-    params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
-) -> list[SamplingParams | None]:
-    if params is None or isinstance(params, SamplingParams):
-        return [params] * num_prompts
-    out: list[SamplingParams | None] = list(params)
-    if len(out) != num_prompts:
-        raise ValueError(
-            f"got {len(out)} SamplingParams for {num_prompts} prompts; pass one "
-            "SamplingParams for all prompts or exactly one per prompt"
-        )
-    return out
 
 
 def _progress_bar(total: int) -> Any:

@@ -1,7 +1,7 @@
 """From core outputs to caller-facing RequestOutputs: detokenize, stop strings, n > 1."""
 
 from engine.outputs_processing.output_processor import OutputProcessor, ProcessedOutputs
-from engine.outputs_processing.parent_request import ParentRequest, child_params, child_req_ids
+from engine.outputs_processing.parent_request import ParentRequest
 from engine.outputs_processing.request_state import RequestState
 from engine.outputs_processing.stats import (
     EngineCounters,
@@ -19,6 +19,4 @@ __all__ = [
     "ProcessedOutputs",
     "RequestState",
     "RequestTiming",
-    "child_params",
-    "child_req_ids",
 ]

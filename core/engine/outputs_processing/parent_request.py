@@ -1,31 +1,14 @@
-"""A user request and its n sequences: fan-out into core requests, fan-in of outputs.
+"""A user request's n samples: the fan-in of their outputs into one ``RequestOutput``.
 
-``n > 1`` becomes n core requests that share the prompt (so the prefix cache computes it
-once) with ids ``f"{request_id}-{i}"``; a seeded request gives child i the seed
-``seed + i`` so the samples differ yet the whole request reproduces.
+The fan-out (n core requests ``f"{request_id}-{i}"`` per prompt, seeds ``seed + i``) is
+``engine.fan_out``'s.
 """
 
 from __future__ import annotations
 
 from engine.outputs import RequestOutput
 from engine.outputs_processing.request_state import RequestState
-from engine.sampling_params import RequestOutputKind, SamplingParams
-
-
-def child_req_ids(request_id: str, n: int) -> list[str]:
-    """Core request ids of a user request: the id itself for n == 1."""
-    if n == 1:
-        return [request_id]
-    return [f"{request_id}-{i}" for i in range(n)]
-
-
-def child_params(params: SamplingParams, n: int) -> list[SamplingParams]:
-    """Per-sequence sampling params: n == 1 each, seeds ``seed + i``."""
-    if n == 1:
-        return [params.clone(n=1)]
-    return [
-        params.clone(n=1, seed=None if params.seed is None else params.seed + i) for i in range(n)
-    ]
+from engine.sampling_params import RequestOutputKind
 
 
 class ParentRequest:

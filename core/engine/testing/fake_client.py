@@ -9,9 +9,10 @@ controls. Both kinds of output are deterministic:
 
 Admission is real: ``max_running`` requests run, ``max_queued`` wait, more raise
 ``QueueFullError``; each running request holds ``ceil(tokens / block_size)`` KV blocks,
-freed when it ends or is aborted. ``last_prompt`` and ``last_params`` record the last
-request. Outputs follow the request's ``output_kind`` (cumulative, deltas or final only),
-with the ``delta_*`` fields set, as the engine's are.
+freed when it ends or is aborted. ``prepare`` is the engine's own front end
+(``InputProcessor``: the real checks, limits and fan-out). ``last_prompt`` and
+``last_params`` record the last request. Outputs follow the request's ``output_kind``
+(cumulative, deltas or final only), with the ``delta_*`` fields set, as the engine's are.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from engine.lora.request import LoRARequest
 from engine.model_executor.pooling_task import PoolingConfig
 from engine.outputs import CompletionOutput, Logprobs, RequestOutput, SchedulerStats
 from engine.outputs_processing.stats import EngineCounters
-from engine.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.tokenization import apply_chat_template
-from engine.tokenization.input_processor import PromptType
+from engine.tokenization.input_processor import InputProcessor, PreparedRequest, PromptType
 
 __all__ = ["FakeEngineClient", "FakeEngineConfig"]
 
@@ -70,6 +71,7 @@ class FakeEngineClient:
         self._aborted: set[str] = set()
         self._slots = asyncio.Semaphore(self.config.max_running)
         self._counters = EngineCounters()
+        self._front = InputProcessor(tokenizer, self.max_model_len, len(tokenizer), [])
 
     @classmethod
     def scripted(cls, tokenizer: Any, script: str, chunk_size: int = 3) -> FakeEngineClient:
@@ -106,9 +108,6 @@ class FakeEngineClient:
             self.tokenizer, messages, tools, add_generation_prompt, chat_template,
             chat_template_kwargs,
         )  # fmt: skip
-
-    def validate_structured_outputs(self, params: StructuredOutputsParams) -> None:
-        """Accepts every constraint (the fake generates its script or tokens anyway)."""
 
     # -- admission, statistics, health --------------------------------------------------------
 
@@ -154,7 +153,29 @@ class FakeEngineClient:
     async def abort(self, request_id: str | Sequence[str]) -> None:
         self._aborted.update([request_id] if isinstance(request_id, str) else request_id)
 
-    async def generate(
+    def prepare(
+        self,
+        request_id: str,
+        prompts: Sequence[PromptType],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> list[PreparedRequest]:
+        """The engine's own front end (``InputProcessor``: its checks, limits, fan-out)."""
+        params = params if params is not None else self.default_sampling_params()
+        num = len(prompts)
+        return self._front.prepare_all(
+            request_id, prompts, [params] * num, priority, [cache_salt] * num,
+            [lora_request] * num,
+        )  # fmt: skip
+
+    def generate_prepared(self, prepared: PreparedRequest) -> AsyncGenerator[RequestOutput, None]:
+        return self._run(
+            prepared.prompt_token_ids, prepared.params, prepared.request_id, prepared.lora_request
+        )
+
+    def generate(
         self,
         prompt: PromptType,
         params: SamplingParams | None = None,
@@ -164,9 +185,18 @@ class FakeEngineClient:
         lora_request: LoRARequest | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         params = params if params is not None else self.default_sampling_params()
-        self.last_lora_request = lora_request
         request_id = request_id if request_id is not None else f"fake-{id(params)}"
         ids = list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(str(prompt))
+        return self._run(ids, params, request_id, lora_request)
+
+    async def _run(
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        lora_request: LoRARequest | None,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        self.last_lora_request = lora_request
         self.last_params, self.last_prompt = params, self.tokenizer.decode(ids)
         if self._waiting >= self.config.max_queued:
             raise QueueFullError(f"{self._waiting} requests are waiting (max_num_queued_reqs)")

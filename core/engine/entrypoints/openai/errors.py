@@ -105,6 +105,18 @@ def queue_full(exc: Exception | str) -> APIError:
     )
 
 
+def invalid_request(exc: ValueError, prompt_field: str = "prompt") -> APIError:
+    """The 400 for the engine's ``RequestValidationError``: its ``param`` and ``reason``
+    as the error's ``param`` and ``code``, the prompt named as the route names it
+    (``prompt_field``). A prompt that leaves no room for output has always been reported
+    under ``messages``, on every route."""
+    param: str | None = getattr(exc, "param", None)
+    reason: str | None = getattr(exc, "reason", None)
+    if param == "prompt":
+        param = "messages" if reason == "context_length_exceeded" else prompt_field
+    return APIError(str(exc), 400, param, reason)
+
+
 def internal_error(request_id: str | None) -> APIError:
     """The 500 a client sees: no exception text (it may hold paths, user names, addresses);
     the full detail goes to the server log under the same request id."""
@@ -182,8 +194,10 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(APIError(message, 400, param))
 
     @app.exception_handler(EngineRequestValidationError)
-    async def _engine_validation(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(APIError(str(exc), 400))
+    async def _engine_validation(
+        request: Request, exc: EngineRequestValidationError
+    ) -> JSONResponse:
+        return error_response(invalid_request(exc))
 
     @app.exception_handler(QueueFullError)
     async def _queue_full(request: Request, exc: Exception) -> JSONResponse:

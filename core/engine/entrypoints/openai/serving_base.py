@@ -1,8 +1,10 @@
-"""What chat and completion serving share: model names, sampling parameters, length
-checks, and running engine requests so that a vanished client aborts them.
+"""What the generating routes share: model names, sampling parameters, the engine's front
+end (``prepare_prompts``: tokenize, validate, fan out; in the prepare pool), and running
+engine requests so that a vanished client aborts them.
 
-``EngineStream`` wraps one ``engine.generate`` call: closing it (client gone, SIGTERM drain
-timeout, an error) aborts the request in the engine, which frees its KV blocks at once.
+``EngineStream`` runs one prepared prompt (``engine.generate_prepared``): closing it
+(client gone, SIGTERM drain timeout, an error) aborts the request in the engine, which
+frees its KV blocks at once (all n samples of the prompt).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import asyncio
 import concurrent.futures
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,6 +24,7 @@ from engine.engine_client import EngineClient
 from engine.entrypoints.openai.errors import (
     APIError,
     internal_error,
+    invalid_request,
     model_not_found,
     queue_full,
 )
@@ -30,6 +33,7 @@ from engine.entrypoints.openai.protocol import SamplingFields
 from engine.errors import EngineDeadError, EngineError, QueueFullError
 from engine.outputs import RequestOutput
 from engine.sampling_params import RequestOutputKind, SamplingParams
+from engine.tokenization.input_processor import PreparedRequest, PromptType
 
 if TYPE_CHECKING:
     from engine.lora.registry import LoRARegistry
@@ -172,42 +176,15 @@ def new_request_id(request: Request) -> str:
     return str(given) if given else uuid.uuid4().hex
 
 
-def check_length(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
-    """Return the output budget; 400 when prompt plus requested output exceed the context."""
-    if max_tokens is None:
-        if num_prompt_tokens >= max_model_len:
-            raise APIError(
-                f"This model's maximum context length is {max_model_len} tokens, but the "
-                f"prompt has {num_prompt_tokens} tokens, leaving no room for output. "
-                "Shorten the prompt.",
-                400,
-                "messages",
-                "context_length_exceeded",
-            )
-        return max_model_len - num_prompt_tokens
-    total = num_prompt_tokens + max_tokens
-    if total > max_model_len:
-        raise APIError(
-            f"This model's maximum context length is {max_model_len} tokens. However, you "
-            f"requested {total} tokens ({num_prompt_tokens} in the prompt, {max_tokens} for "
-            f"the completion). Reduce the prompt or max_tokens to at most "
-            f"{max(max_model_len - num_prompt_tokens, 0)}.",
-            400,
-            "max_tokens",
-            "context_length_exceeded",
-        )
-    return max_tokens
-
-
 def build_sampling_params(
     req: SamplingFields,
     defaults: SamplingParams,
-    max_tokens: int,
+    max_tokens: int | None,
     logprobs: int | None,
-    max_logprobs: int,
     prompt_logprobs: int | None = None,
 ) -> SamplingParams:
-    """Request fields over the model's defaults; 400 naming the field when out of range."""
+    """Request fields over the model's defaults (``max_tokens`` None: as many as fit).
+    The engine's front end validates them (``prepare_prompts``)."""
     changes: dict[str, Any] = {
         "n": req.n,
         "max_tokens": max_tokens,
@@ -240,40 +217,56 @@ def build_sampling_params(
     params = defaults.clone(**changes)
     if params.top_k == -1:
         params.top_k = 0
-    try:
-        params.validate(max_logprobs=max_logprobs)
-    except ValueError as exc:
-        message = str(exc)
-        raise APIError(message, 400, message.split(" ", 1)[0]) from None
     return params
 
 
+def prepare_prompts(
+    ctx: ServingContext,
+    request_id: str,
+    prompts: Sequence[PromptType],
+    params: SamplingParams,
+    priority: int = 0,
+    cache_salt: str | None = None,
+    model: str | None = None,
+    prompt_field: str = "prompt",
+) -> list[PreparedRequest]:
+    """The engine's front end for a route (run it in the prepare pool): one prepared request
+    per prompt (ids ``{request_id}-{p}`` for several), its n samples fanned out, with the
+    adapter ``model`` names; 400 naming the field (the prompt as ``prompt_field``)."""
+    lora_request = ctx.lora_request_for(model)
+    try:
+        return ctx.engine.prepare(request_id, prompts, params, priority, cache_salt, lora_request)
+    except ValueError as exc:  # RequestValidationError: param names the field
+        raise invalid_request(exc, prompt_field) from None
+
+
 class EngineStream:
-    """One engine request as an async iterator; ``close`` aborts it if unfinished."""
+    """One prepared prompt as an async iterator; ``close`` aborts it if unfinished."""
 
     def __init__(
-        self, ctx: ServingContext, prompt: Any, params: SamplingParams, req_id: str,
-        priority: int = 0, cache_salt: str | None = None, model: str | None = None,
-    ) -> None:  # fmt: skip
+        self, ctx: ServingContext, prepared: PreparedRequest, model: str | None = None
+    ) -> None:
+        req_id = prepared.request_id
         if req_id in ctx.inflight.streams:
             raise APIError(
                 f"A request with id {req_id!r} is already running; send a unique X-Request-Id.",
                 409,
             )
+        # ``model``: the resolved name. The adapter it names counts as in use (not
+        # unloadable) until the request ends; one unloaded or replaced since the request
+        # was prepared is a 404.
+        lora_request = ctx.lora_request_for(model)
+        if lora_request != prepared.lora_request:
+            raise model_not_found(model or "", ctx.model_names())
         self.ctx = ctx
         self.req_id = req_id
         self.finished = False
         self.aborted_by_server = False
         self.kind = "generate"  # what /load counts it as (set by the route that made it)
         # Deltas: ChoiceState sums a choice's text once; nothing is re-joined per step.
-        params = params.clone(output_kind=RequestOutputKind.DELTA)
-        # ``model``: the resolved name; an adapter's name runs the request with it, and the
-        # adapter counts as in use (not unloadable) until the request ends.
-        self.lora_request = ctx.lora_request_for(model)
-        self._gen = ctx.engine.generate(
-            prompt, params, req_id, priority=priority, cache_salt=cache_salt,
-            lora_request=self.lora_request,
-        )  # fmt: skip
+        prepared.set_output_kind(RequestOutputKind.DELTA)
+        self.lora_request = lora_request
+        self._gen = ctx.engine.generate_prepared(prepared)
         if self.lora_request is not None and ctx.lora is not None:
             ctx.lora.acquire(self.lora_request)
         ctx.inflight.streams[req_id] = self
@@ -286,9 +279,9 @@ class EngineStream:
             out: RequestOutput = await self._gen.__anext__()
         except (StopAsyncIteration, QueueFullError, APIError):
             raise
-        except ValueError as exc:  # RequestValidationError (or params.validate): bad input
+        except ValueError as exc:  # RequestValidationError from the engine: bad input
             self.finished = True
-            raise APIError(str(exc), 400) from None
+            raise invalid_request(exc) from None
         except EngineError as exc:
             self.finished = True
             if isinstance(exc, EngineDeadError):
@@ -353,41 +346,20 @@ async def outputs_from(
             return
 
 
-async def merge_streams(streams: list[EngineStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Outputs of several streams as they come, tagged with the stream's index."""
-    if len(streams) == 1:
-        async for out in streams[0]:
-            yield 0, out
-            if out.finished:
-                return
-        return
-    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
-
-    async def pump(i: int, stream: EngineStream) -> None:
-        try:
-            async for out in stream:
-                await queue.put((i, out))
-                if out.finished:
-                    break
-        except BaseException as exc:  # forwarded to the consumer
-            await queue.put((i, exc))
-            return
-        await queue.put((i, None))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+async def open_streams(
+    ctx: ServingContext, prepared: Sequence[PreparedRequest], model: str | None, kind: str
+) -> list[EngineStream]:
+    """One ``EngineStream`` per prepared prompt (all, or none: those opened are closed)."""
+    streams: list[EngineStream] = []
     try:
-        remaining = len(streams)
-        while remaining:
-            i, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for task in tasks:
-            task.cancel()
+        for p in prepared:
+            stream = EngineStream(ctx, p, model)
+            stream.kind = kind
+            streams.append(stream)
+    except BaseException:
+        await close_all(streams)
+        raise
+    return streams
 
 
 async def close_all(streams: list[EngineStream]) -> None:

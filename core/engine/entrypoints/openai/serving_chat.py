@@ -1,7 +1,8 @@
 """``POST /v1/chat/completions``: messages -> chat template -> engine -> response or SSE.
 
-Phases: ``_prepare`` (validate, render the template, tokenize, check the context length,
-build sampling parameters), then ``_respond`` (one JSON body) or ``_stream`` (chunks).
+Phases: ``_prepare`` (validate, render the template, build sampling parameters; the
+engine's front end tokenizes, checks the context length and fans out ``n``), then
+``_respond`` (one JSON body) or ``_stream`` (chunks).
 """
 
 from __future__ import annotations
@@ -55,20 +56,18 @@ from engine.entrypoints.openai.serving_base import (
     EngineStream,
     ServingContext,
     build_sampling_params,
-    check_length,
     first_output,
     new_request_id,
     outputs_from,
+    prepare_prompts,
     until_disconnected,
 )
 from engine.entrypoints.openai.sse import DONE, HEADERS, sse_event
-from engine.entrypoints.openai.structured_request import (
-    structured_outputs_from_request,
-    validate_structured_outputs,
-)
+from engine.entrypoints.openai.structured_request import structured_outputs_from_request
 from engine.entrypoints.openai.tool_choice import plan_tools
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.tokenization.input_processor import PreparedRequest
 
 logger = logging.getLogger("engine.server")
 
@@ -104,12 +103,9 @@ class ChatServing:
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         model = self.ctx.resolve_model(req.model)
         req_id = new_request_id(raw)
-        prompt_ids, params, plan = await self.ctx.run_prepare(self._prepare, req)
-        validate_structured_outputs(self.ctx.engine, params)
-        stream = EngineStream(
-            self.ctx, prompt_ids, params, req_id, priority=req.priority, cache_salt=req.cache_salt,
-            model=model,
-        )  # fmt: skip
+        prepared, plan = await self.ctx.run_prepare(self._prepare, req, req_id, model)
+        prompt_ids, params = prepared.prompt_token_ids, prepared.params
+        stream = EngineStream(self.ctx, prepared, model)
         tracker = self.ctx.metrics.request_tracker()
         if self.ctx.log_requests:
             logger.info(
@@ -140,8 +136,10 @@ class ChatServing:
     def features(self) -> ChatFeatures:
         return self.ctx.features if self.ctx.features is not None else ChatFeatures()
 
-    def _prepare(self, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams, ChatPlan]:
-        engine = self.ctx.engine
+    def _prepare(
+        self, req: ChatCompletionRequest, req_id: str, model: str | None
+    ) -> tuple[PreparedRequest, ChatPlan]:
+        """The rendered prompt through the engine's front end, and how to parse the answer."""
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs needs logprobs: true", 400, "top_logprobs")
         structured = structured_outputs_from_request(req)
@@ -157,19 +155,22 @@ class ChatServing:
         text = self._render(req, messages, req.add_generation_prompt)
         closed = self._prompt_closed_think(req, messages, text)
         plan = make_chat_plan(tool_plan, self.features, closed)
-        prompt_ids = list(self.ctx.tokenizer.encode(text, add_special_tokens=False))
         requested = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
-        budget = check_length(len(prompt_ids), requested, self.ctx.max_model_len)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = build_sampling_params(
-            req, engine.default_sampling_params(), budget, logprobs, self.ctx.max_logprobs
+            req, self.ctx.engine.default_sampling_params(), requested, logprobs
         )
         params.structured_outputs = tool_plan.constraint or structured
         if needs_special_tokens(plan):
             params.skip_special_tokens = False
-        return prompt_ids, params, plan
+        # The template already wrote the special tokens (BOS and role markers).
+        prompt = {"prompt": text, "add_special_tokens": False}
+        [prepared] = prepare_prompts(
+            self.ctx, req_id, [prompt], params, req.priority, req.cache_salt, model, "messages"
+        )
+        return prepared, plan
 
     def _render(
         self, req: ChatCompletionRequest, messages: list[dict[str, Any]], generation_prompt: bool

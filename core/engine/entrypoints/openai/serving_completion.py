@@ -1,8 +1,10 @@
 """``POST /v1/completions``: one or many prompts (text or token ids) -> engine -> response.
 
-A batch of prompts runs as one engine request per prompt; choice ``index`` counts across
-them (prompt ``p``, sample ``i`` -> ``p * n + i``). ``echo`` prepends the prompt text (and,
-with ``logprobs``, the prompt's logprobs).
+The engine's front end (``prepare_prompts``) tokenizes and checks the prompts and fans
+them out (``engine.fan_out``): one engine request per prompt, ids ``{id}-{p}`` for several,
+each with its n samples; choice ``index`` counts across them (prompt ``p``, sample ``i``
+-> ``p * n + i``). ``echo`` prepends the prompt text (and, with ``logprobs``, the prompt's
+logprobs).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,19 +46,17 @@ from engine.entrypoints.openai.serving_base import (
     EngineStream,
     ServingContext,
     build_sampling_params,
-    check_length,
     close_all,
-    merge_streams,
     new_request_id,
+    open_streams,
+    prepare_prompts,
     until_disconnected,
 )
 from engine.entrypoints.openai.sse import DONE, HEADERS, sse_event
-from engine.entrypoints.openai.structured_request import (
-    structured_outputs_from_request,
-    validate_structured_outputs,
-)
+from engine.entrypoints.openai.structured_request import structured_outputs_from_request
+from engine.fan_out import choice_index, merge_outputs, split_choice
 from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.tokenization.input_processor import PreparedRequest, PromptType
 
 logger = logging.getLogger("engine.server")
 
@@ -65,7 +65,7 @@ logger = logging.getLogger("engine.server")
 class _Prompt:
     text: str  # for echo
     token_ids: list[int]
-    params: SamplingParams
+    prepared: PreparedRequest
     prompt_logprobs: list[Any] | None = None
 
 
@@ -94,27 +94,17 @@ class CompletionServing:
     async def create(self, req: CompletionRequest, raw: Request) -> Response:
         model = self.ctx.resolve_model(req.model)
         req_id = new_request_id(raw)
-        prompts = await self.ctx.run_prepare(self._prepare, req)
-        validate_structured_outputs(self.ctx.engine, prompts[0].params)
+        prompts = await self.ctx.run_prepare(self._prepare, req, req_id, model)
         meta = _Meta(f"cmpl-{req_id}", int(time.time()), model, req.n, req, prompts)
-        streams: list[EngineStream] = []
-        try:
-            for i, p in enumerate(prompts):
-                sub_id = req_id if len(prompts) == 1 else f"{req_id}-{i}"
-                stream = EngineStream(
-                    self.ctx, p.token_ids, p.params, sub_id, req.priority, req.cache_salt, model
-                )
-                streams.append(stream)
-        except BaseException:
-            await close_all(streams)
-            raise
+        streams = await open_streams(self.ctx, [p.prepared for p in prompts], model, "generate")
         if self.ctx.log_requests:
             logger.info(
                 "completion request %s: %d prompt(s), %s prompt tokens, params=%s",
-                req_id, len(prompts), [len(p.token_ids) for p in prompts], prompts[0].params,
+                req_id, len(prompts), [len(p.token_ids) for p in prompts],
+                prompts[0].prepared.params,
             )  # fmt: skip
         tracker = self.ctx.metrics.request_tracker()
-        merged = merge_streams(streams)
+        merged = merge_outputs(streams)
         try:
             first = await until_disconnected(raw, _next_or_none(merged))
         except BaseException:
@@ -134,7 +124,7 @@ class CompletionServing:
             await merged.aclose()
             await close_all(streams)
 
-    def _prepare(self, req: CompletionRequest) -> list[_Prompt]:
+    def _prepare(self, req: CompletionRequest, req_id: str, model: str) -> list[_Prompt]:
         if req.suffix:
             raise APIError("suffix is not supported by this server; leave it unset.", 400, "suffix")
         if req.best_of is not None and req.best_of != req.n:
@@ -144,48 +134,25 @@ class CompletionServing:
                 400,
                 "best_of",
             )
-        defaults = self.ctx.engine.default_sampling_params()
-        structured = structured_outputs_from_request(req)
-        prompts = []
-        for text, ids in self._tokenize(req.prompt):
-            budget = check_length(len(ids), req.max_tokens, self.ctx.max_model_len)
-            params = build_sampling_params(
-                req,
-                defaults,
-                budget,
-                req.logprobs,
-                self.ctx.max_logprobs,
-                prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
-            )
-            params.structured_outputs = structured
-            prompts.append(_Prompt(text, ids, params))
-        return prompts
+        params = build_sampling_params(
+            req,
+            self.ctx.engine.default_sampling_params(),
+            req.max_tokens,
+            req.logprobs,
+            prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
+        )
+        params.structured_outputs = structured_outputs_from_request(req)
+        prepared = prepare_prompts(
+            self.ctx, req_id, _prompt_list(req.prompt), params, req.priority, req.cache_salt,
+            model,
+        )  # fmt: skip
+        return [_Prompt(self._echo_text(req, p), p.prompt_token_ids, p) for p in prepared]
 
-    def _tokenize(self, prompt: Any) -> list[tuple[str, list[int]]]:
-        tokenizer = self.ctx.tokenizer
-        if isinstance(prompt, str):
-            prompt = [prompt]
-        elif prompt and isinstance(prompt[0], int):
-            prompt = [prompt]
-        if not prompt:
-            raise APIError("prompt must not be empty", 400, "prompt")
-        vocab_size = len(tokenizer)
-        out = []
-        for item in prompt:
-            if isinstance(item, str):
-                out.append((item, list(tokenizer.encode(item))))
-                continue
-            if not item:
-                raise APIError("prompt token list must not be empty", 400, "prompt")
-            bad = [t for t in item if not 0 <= t < vocab_size]
-            if bad:
-                raise APIError(
-                    f"prompt token id {bad[0]} is out of range; ids must be in [0, {vocab_size})",
-                    400,
-                    "prompt",
-                )
-            out.append((tokenizer.decode(item), list(item)))
-        return out
+    def _echo_text(self, req: CompletionRequest, prepared: PreparedRequest) -> str:
+        """The prompt's text, which ``echo`` prepends (token-id prompts: decoded)."""
+        if prepared.prompt is not None:
+            return prepared.prompt
+        return str(self.ctx.tokenizer.decode(prepared.prompt_token_ids)) if req.echo else ""
 
     async def _respond(
         self, merged: AsyncIterator[tuple[int, RequestOutput]], first: Any, meta: _Meta,
@@ -198,13 +165,14 @@ class CompletionServing:
                 raise internal_error(meta.id)
             if out.prompt_logprobs is not None:
                 meta.prompts[p_idx].prompt_logprobs = out.prompt_logprobs
-            deltas = advance_all(states, out, p_idx * meta.n)
+            deltas = advance_all(states, out, choice_index(p_idx, meta.n))
             tracker.on_tokens(sum(len(d.token_ids) for d in deltas.values()))
         finish_open(states)
         choices = []
         for s in states:
-            prompt = meta.prompts[s.index // meta.n]
-            record_finish(tracker, [s], len(prompt.token_ids) if s.index % meta.n == 0 else 0)
+            p_idx, sample = split_choice(s.index, meta.n)
+            prompt = meta.prompts[p_idx]
+            record_finish(tracker, [s], len(prompt.token_ids) if sample == 0 else 0)
             text = (prompt.text if meta.request.echo else "") + s.text
             choices.append(
                 CompletionChoice(
@@ -239,7 +207,7 @@ class CompletionServing:
     async def _stream(
         self,
         streams: list[EngineStream],
-        merged: AsyncIterator[tuple[int, RequestOutput]],
+        merged: AsyncGenerator[tuple[int, RequestOutput], None],
         first: Any,
         meta: _Meta,
         tracker: Any,
@@ -252,7 +220,7 @@ class CompletionServing:
         try:
             if req.echo:
                 for s in states:
-                    prompt = meta.prompts[s.index // meta.n]
+                    prompt = meta.prompts[split_choice(s.index, meta.n)[0]]
                     offsets[s.index] = len(prompt.text)
                     yield sse_event(self._chunk(meta, s.index, prompt.text, None))
             async for p_idx, out in _chain(first, merged):
@@ -261,7 +229,7 @@ class CompletionServing:
                     yield sse_event(internal_error_body(meta.id))
                     yield DONE
                     return
-                deltas = advance_all(states, out, p_idx * meta.n)
+                deltas = advance_all(states, out, choice_index(p_idx, meta.n))
                 tracker.on_tokens(sum(len(d.token_ids) for d in deltas.values()))
                 for idx, delta in deltas.items():
                     if req.logprobs is None and not continuous:  # the common case, fast
@@ -277,8 +245,9 @@ class CompletionServing:
                 if delta is not None:
                     yield sse_event(self._chunk(meta, s.index, "", None, delta))
             for s in states:
-                num_prompt = len(meta.prompts[s.index // meta.n].token_ids)
-                record_finish(tracker, [s], num_prompt if s.index % meta.n == 0 else 0)
+                p_idx, sample = split_choice(s.index, meta.n)
+                num_prompt = len(meta.prompts[p_idx].token_ids)
+                record_finish(tracker, [s], num_prompt if sample == 0 else 0)
             if req.stream_options is not None and req.stream_options.include_usage:
                 chunk = CompletionResponse(
                     id=meta.id, created=meta.created, model=meta.model, choices=[],
@@ -292,7 +261,7 @@ class CompletionServing:
             yield DONE
         finally:
             tracker.close(sum(len(p.token_ids) for p in meta.prompts))
-            await merged.aclose()  # type: ignore[attr-defined]
+            await merged.aclose()
             await close_all(streams)
 
     def _delta_logprobs(
@@ -337,6 +306,16 @@ def _fast_chunk(meta: _Meta, index: int, delta: ChoiceDelta) -> str:
         f'"logprobs":null,"finish_reason":{json.dumps(delta.finish_reason)},'
         f'"stop_reason":{json.dumps(delta.stop_reason, ensure_ascii=False)}}}],"usage":null}}\n\n'
     )
+
+
+def _prompt_list(prompt: str | list[str] | list[int] | list[list[int]]) -> list[PromptType]:
+    """The request's prompts: one string or token-id list, or a batch of them."""
+    if isinstance(prompt, str):
+        return [prompt]
+    items: list[Any] = list(prompt)
+    if items and isinstance(items[0], int):
+        return [items]  # one prompt of token ids
+    return items
 
 
 async def _next_or_none(

@@ -23,11 +23,13 @@ from engine.entrypoints.openai.serving_base import (
     EngineStream,
     ServingContext,
     close_all,
-    merge_streams,
     new_request_id,
+    open_streams,
     until_disconnected,
 )
+from engine.fan_out import merge_outputs
 from engine.sampling_params import SamplingParams
+from engine.tokenization.input_processor import PreparedRequest
 
 REQUEST_KIND = "embeddings"
 
@@ -129,16 +131,11 @@ class EmbeddingServing:
         except ValueError as exc:
             raise APIError(str(exc), 400, "dimensions") from None
         prompts = _prompts(req.input)
-        base_id = new_request_id(raw)
-        streams: list[EngineStream] = []
+        prepared = await self.ctx.run_prepare(
+            self._prepare, new_request_id(raw), prompts, req.priority
+        )
+        streams = await open_streams(self.ctx, prepared, None, REQUEST_KIND)
         try:
-            for i, prompt in enumerate(prompts):
-                req_id = base_id if len(prompts) == 1 else f"{base_id}-{i}"
-                stream = EngineStream(
-                    self.ctx, prompt, SamplingParams(max_tokens=1), req_id, priority=req.priority
-                )
-                stream.kind = REQUEST_KIND
-                streams.append(stream)
             pooled = await until_disconnected(raw, self._collect(streams))
         finally:
             await close_all(streams)
@@ -151,10 +148,20 @@ class EmbeddingServing:
         usage = EmbeddingUsage(prompt_tokens=num_tokens, total_tokens=num_tokens)
         return EmbeddingResponse(data=data, model=model, usage=usage)
 
+    def _prepare(self, request_id: str, prompts: list[Any], priority: int) -> list[PreparedRequest]:
+        """The engine's front end: one prefill-only request per input (ids
+        ``{request_id}-{i}`` for several)."""
+        try:
+            return self.ctx.engine.prepare(
+                request_id, prompts, SamplingParams(max_tokens=1), priority
+            )
+        except ValueError as exc:  # RequestValidationError
+            raise APIError(str(exc), 400) from None
+
     async def _collect(self, streams: list[EngineStream]) -> list[tuple[list[float], int]]:
         results: list[tuple[list[float], int] | None] = [None] * len(streams)
         tracker = self.ctx.metrics.request_tracker()
-        async for i, out in merge_streams(streams):
+        async for i, out in merge_outputs(streams):
             if out.finished:
                 if out.pooled is None:
                     raise APIError(

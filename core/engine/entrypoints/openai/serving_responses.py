@@ -43,7 +43,6 @@ from engine.entrypoints.openai.serving_base import (
 )
 from engine.entrypoints.openai.serving_chat import ChatServing
 from engine.entrypoints.openai.sse import HEADERS
-from engine.entrypoints.openai.structured_request import validate_structured_outputs
 from engine.outputs import RequestOutput
 
 logger = logging.getLogger("engine.server")
@@ -72,14 +71,10 @@ class ResponsesServing:
             with responses_params():
                 self.validate(chat_req)
         req_id = new_request_id(raw)
-        prompt_ids, params, plan = await self.ctx.run_prepare(self.chat._prepare, chat_req)
-        validate_structured_outputs(self.ctx.engine, params)
+        prepared, plan = await self.ctx.run_prepare(self.chat._prepare, chat_req, req_id, model)
         record = ResponseRecord(f"resp_{req_id}", model, req, messages)
-        record.num_input_tokens = len(prompt_ids)
-        stream = EngineStream(
-            self.ctx, prompt_ids, params, req_id, priority=req.priority, cache_salt=req.cache_salt,
-            model=model,
-        )  # fmt: skip
+        record.num_input_tokens = len(prepared.prompt_token_ids)
+        stream = EngineStream(self.ctx, prepared, model)
         stream.kind = REQUEST_KIND
         record.engine_req_id = req_id
         if req.store:

@@ -7,8 +7,8 @@
   "strict"}}``, ``{"type": "json_object"}`` or ``{"type": "text"}`` (no constraint).
 - ``guided_json`` & co. were removed: a 400 says what replaced each.
 
-``validate_structured_outputs`` runs the cheap checks (size, bounds) so a malformed or
-hostile constraint is a 400 before anything is tokenized or queued; the engine compiles
+The engine's front end (``EngineClient.prepare``) runs the cheap checks (size, bounds) so a
+malformed or hostile constraint is a 400 before anything is queued; the engine compiles
 it (once, in a killable worker process with a deadline and a memory cap) before queueing
 the request, and the runner later finds the grammar in the cache.
 """
@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.engine_client import EngineClient
 from engine.entrypoints.openai.errors import APIError
 from engine.entrypoints.openai.protocol import SamplingFields
-from engine.sampling_params import SamplingParams, StructuredOutputsParams
+from engine.sampling_params import StructuredOutputsParams
 
 _KINDS = ("json", "regex", "choice", "grammar")
 _REPLACEMENTS = {
@@ -122,15 +121,3 @@ def structured_outputs_from_request(req: SamplingFields) -> StructuredOutputsPar
             "response_format",
         )
     return from_field or from_format
-
-
-def validate_structured_outputs(engine: EngineClient, params: SamplingParams) -> None:
-    """400 when ``params.structured_outputs`` is malformed or over a bound: cheap checks
-    only. The engine compiles the constraint (once, in a worker process); a constraint too
-    slow or too large to compile fails the request there, also with a 400."""
-    if params.structured_outputs is None:
-        return
-    try:
-        engine.validate_structured_outputs(params.structured_outputs)
-    except ValueError as exc:  # RequestValidationError: invalid, unsupported, over a bound
-        raise APIError(str(exc), 400, "structured_outputs") from None
