@@ -1,8 +1,8 @@
 """Per-request sampling settings (offline ``SamplingParams`` and the server's fields).
 
 No torch here: the API layer builds these for every request. ``validate`` raises
-``ValueError`` with a message naming the field and the allowed range; the HTTP layer turns
-that into a 400.
+``RequestValidationError`` (a ``ValueError``) whose message names the field and the allowed
+range and whose ``param`` is the field; the HTTP layer turns that into a 400.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from enum import IntEnum
 from typing import Any
+
+from engine.errors import RequestValidationError
 
 _GREEDY_EPS = 1e-5
 
@@ -46,7 +48,10 @@ class StructuredOutputsParams:
         chosen = [(k, v) for k, v in set_fields if v not in (None, False)]
         if len(chosen) != 1:
             names = ", ".join(f.name for f in fields(self))
-            raise ValueError(f"structured_outputs needs exactly one of {names}; got {len(chosen)}")
+            raise RequestValidationError(
+                f"structured_outputs needs exactly one of {names}; got {len(chosen)}",
+                "structured_outputs",
+            )
         return chosen[0]
 
 
@@ -91,11 +96,12 @@ class SamplingParams:
         return replace(self, **changes)
 
     def validate(self, max_logprobs: int = 20) -> None:
-        """Raise ``ValueError`` naming the first field out of range."""
+        """Raise ``RequestValidationError`` (a ``ValueError``) for the first field out of
+        range: the message starts with the field's name, and ``param`` is that name."""
 
         def finite(name: str, value: float) -> None:
             if not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value}")
+                raise RequestValidationError(f"{name} must be a finite number, got {value}", name)
 
         for name in (
             "temperature",
@@ -107,40 +113,59 @@ class SamplingParams:
         ):
             finite(name, float(getattr(self, name)))
         if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}")
+            raise RequestValidationError(f"n must be at least 1, got {self.n}", "n")
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise RequestValidationError(
+                f"temperature must be >= 0, got {self.temperature}", "temperature"
+            )
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise RequestValidationError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be -1 (off), 0 (off) or positive, got {self.top_k}")
+            raise RequestValidationError(
+                f"top_k must be -1 (off), 0 (off) or positive, got {self.top_k}", "top_k"
+            )
         if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise RequestValidationError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+                raise RequestValidationError(
+                    f"{name} must be in [-2, 2], got {getattr(self, name)}", name
+                )
         if not 0 < self.repetition_penalty <= 2:
-            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+            raise RequestValidationError(
+                f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}",
+                "repetition_penalty",
+            )
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+            raise RequestValidationError(
+                f"max_tokens must be at least 1, got {self.max_tokens}", "max_tokens"
+            )
         if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+            raise RequestValidationError(
+                f"min_tokens must be >= 0, got {self.min_tokens}", "min_tokens"
+            )
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            raise RequestValidationError(
+                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
+                "min_tokens",
             )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not 0 <= value <= max_logprobs:
-                raise ValueError(f"{name} must be in [0, {max_logprobs}], got {value}")
+                raise RequestValidationError(
+                    f"{name} must be in [0, {max_logprobs}], got {value}", name
+                )
         if any(not s for s in self.stop):
-            raise ValueError("stop strings must not be empty")
+            raise RequestValidationError("stop strings must not be empty", "stop")
         if self.structured_outputs is not None:
             self.structured_outputs.kind_and_spec()
         for token_id, bias in (self.logit_bias or {}).items():
             if not (math.isfinite(bias) and -100 <= bias <= 100):
-                raise ValueError(
-                    f"logit_bias values must be in [-100, 100], got {bias} for {token_id}"
+                raise RequestValidationError(
+                    f"logit_bias values must be in [-100, 100], got {bias} for {token_id}",
+                    "logit_bias",
                 )
             if token_id < 0:
-                raise ValueError(f"logit_bias keys must be token ids >= 0, got {token_id}")
+                raise RequestValidationError(
+                    f"logit_bias keys must be token ids >= 0, got {token_id}", "logit_bias"
+                )

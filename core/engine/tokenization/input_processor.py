@@ -116,11 +116,7 @@ class InputProcessor:
 
     def resolve_params(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
         """Validate; fill EOS ids and a missing max_tokens; check the context fits."""
-        try:
-            params.validate(self.max_logprobs)
-        except ValueError as exc:  # each message starts with the field's name
-            message = str(exc)
-            raise RequestValidationError(message, message.split(" ", 1)[0]) from None
+        params.validate(self.max_logprobs)  # RequestValidationError naming the field
         outside = [t for t in (params.logit_bias or {}) if t >= self.vocab_size]
         if outside:
             raise RequestValidationError(
