@@ -21,12 +21,19 @@ def rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, n, eps, BLOCK: tl
 
 
 @triton.jit
+def silu_mul(g, u):
+    """``silu(g) * u`` in float32 from float32 ``g`` and ``u``: the one formula of every
+    SiLU-and-multiply kernel (``_lora_kernels`` too), so their roundings agree."""
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit
 def silu_mul_kernel(gate_ptr, up_ptr, out_ptr, numel, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     g = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    out = g / (1.0 + tl.exp(-g)) * u
+    out = silu_mul(g, u)
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -99,7 +106,7 @@ def silu_mul_merged_kernel(gu_ptr, out_ptr, stride_gu, stride_o, inter, BLOCK: t
     mask = offs < inter
     g = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + row * stride_gu + inter + offs, mask=mask, other=0.0).to(tl.float32)
-    out = g / (1.0 + tl.exp(-g)) * u
+    out = silu_mul(g, u)
     tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -37,6 +37,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine_sdk.layers._fused_kernels import silu_mul
+
 
 @triton.jit
 def lora_shrink_kernel(
@@ -297,7 +299,7 @@ def silu_mul_lora_shrink_kernel(
         mask_k = offs_k < k_end
         g = tl.load(gu_ptr + t * stride_gu + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         u = tl.load(gu_ptr + t * stride_gu + inter + offs_k, mask=mask_k, other=0.0)
-        act = (g / (1.0 + tl.exp(-g)) * u.to(tl.float32)).to(out_ptr.dtype.element_ty)
+        act = silu_mul(g, u.to(tl.float32)).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + t * stride_o + offs_k, act, mask=mask_k)
         a = tl.load(
             a_base + offs_r[:, None] * stride_ar + offs_k[None, :],

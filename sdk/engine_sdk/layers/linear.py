@@ -143,8 +143,8 @@ class Linear(torch.nn.Module):
         its epilogue, after the shrink that normalizes the rows itself), or None where
         that does not run: no adapter in the step, a quantized or subclassed layer, rows
         the GEMV leaves to the library GEMM, or the LoRA kernels off."""
-        lora = self.lora
-        if lora is None or type(self).forward is not Linear.forward or not self.has_plain_weight:
+        lora = self._fusable_lora()
+        if lora is None:
             return None
         weight: torch.Tensor = self.weight  # type: ignore[assignment]
         if not gemv.use_gemv_add_rms_norm(x, residual, weight) or not lora.fuses_into_gemv(x):
@@ -157,8 +157,8 @@ class Linear(torch.nn.Module):
         this step as two kernels (the activation with the shrink, then ``gemv.gemv`` with
         the expand in its epilogue), or None where that does not run (the conditions of
         ``lora_add_rms_norm``)."""
-        lora = self.lora
-        if lora is None or type(self).forward is not Linear.forward or not self.has_plain_weight:
+        lora = self._fusable_lora()
+        if lora is None:
             return None
         weight: torch.Tensor = self.weight  # type: ignore[assignment]
         if gate_up.dim() != 2 or gate_up.shape[1] != 2 * weight.shape[1]:
@@ -168,6 +168,14 @@ class Linear(torch.nn.Module):
             return None
         act, epilogue = lora.epilogue_silu_and_mul(gate_up)
         return gemv.gemv(act, weight, self.bias, lora=epilogue)
+
+    def _fusable_lora(self) -> LoRALayer | None:
+        """The adapter layer when a fused LoRA decode path may stand in for ``forward``: an
+        unquantized weight and ``Linear``'s own forward; else None."""
+        lora = self.lora
+        if lora is None or type(self).forward is not Linear.forward or not self.has_plain_weight:
+            return None
+        return lora
 
     def extra_repr(self) -> str:
         method = type(self.quant_method).__name__
