@@ -28,6 +28,7 @@ def gemv_kernel(
     LORA: tl.constexpr = False,
     NUM_SLICES: tl.constexpr = 1,
     BLOCK_R: tl.constexpr = 16,
+    BLOCK_P: tl.constexpr = 1,
 ):  # fmt: skip
     """``out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n])`` for ``BLOCK_N`` weight rows per
     program: each weight tile is loaded once and used by all ``M <= BLOCK_M`` rows of
@@ -51,7 +52,7 @@ def gemv_kernel(
         acc = _lora_delta(
             acc, offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
             R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
-            BLOCK_M, NUM_SLICES, BLOCK_R,
+            BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P,
         )  # fmt: skip
     _store_rows(acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS)
 
@@ -65,7 +66,7 @@ def gemv_add_rms_norm_kernel(
     R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, LORA: tl.constexpr = False, NUM_SLICES: tl.constexpr = 1,
-    BLOCK_R: tl.constexpr = 16,
+    BLOCK_R: tl.constexpr = 16, BLOCK_P: tl.constexpr = 1,
 ):  # fmt: skip
     """``gemv_kernel`` over ``rms_norm(x + r) * nw`` for a whole row in one tile
     (``K <= BLOCK_K``): each program forms the sum and its norm itself (a row is a few KB,
@@ -101,7 +102,7 @@ def gemv_add_rms_norm_kernel(
         acc = _lora_delta(
             acc, offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
             R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
-            BLOCK_M, NUM_SLICES, BLOCK_R,
+            BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P,
         )  # fmt: skip
     _store_rows(acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS)
 
@@ -110,25 +111,34 @@ def gemv_add_rms_norm_kernel(
 def _lora_delta(
     acc, offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
     R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
-    BLOCK_M: tl.constexpr, NUM_SLICES: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SLICES: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
     """``acc[m, n] += h[m, slice(n)] @ B[slot_m, n, :R]``: the LoRA expand of this
     program's columns, in float32 before the one rounding. ``h`` is the sum of the
     shrink's parts ``lp [P, M, S*R]`` (the slice's rank block); a row whose slot is -1
     adds nothing (its loads are masked off). Each column finds its slice from the slice
-    starts ``[S + 1]`` (a column tile may straddle two slices)."""
+    starts ``[S + 1]`` (a column tile may straddle two slices).
+
+    Each slice's parts are one ``[BLOCK_P, BLOCK_R]`` load and one sum (the separate
+    expand kernel's order), the loads of all slices and rows independent of each other: a
+    loop over the parts would wait for L2 once per part (24 parts for a down projection at
+    batch 1), in every program of the GEMV."""
     offs_r = tl.arange(0, BLOCK_R)
+    offs_p = tl.arange(0, BLOCK_P)
     r_ok = offs_r < R
     s = offs_n * 0
     for i in tl.static_range(1, NUM_SLICES):
         s += (offs_n >= tl.load(starts_ptr + i)).to(s.dtype)
-    h_cols = s[:, None] * R + offs_r[None, :]  # [BLOCK_N, BLOCK_R]
+    pr_ok = (offs_p[:, None] < NUM_PARTS) & r_ok[None, :]
     for m in tl.static_range(BLOCK_M):
         slot = tl.load(slots_ptr + m, mask=m < M, other=-1)
+        row = lp_ptr + offs_p[:, None] * stride_lpp + m * stride_lpt + offs_r[None, :]
+        h = tl.zeros((BLOCK_N, BLOCK_R), dtype=tl.float32)
+        for i in tl.static_range(NUM_SLICES):
+            hs = tl.sum(tl.load(row + i * R, mask=pr_ok & (slot >= 0), other=0.0), axis=0)
+            h = tl.where((s == i)[:, None], hs[None, :], h)
         ok = n_ok[:, None] & r_ok[None, :] & (slot >= 0)
-        h = tl.zeros(h_cols.shape, dtype=tl.float32)
-        for p in range(0, NUM_PARTS):
-            h += tl.load(lp_ptr + p * stride_lpp + m * stride_lpt + h_cols, mask=ok, other=0.0)
         b = tl.load(
             lb_ptr
             + tl.maximum(slot, 0).to(tl.int64) * stride_lbs

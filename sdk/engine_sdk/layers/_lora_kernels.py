@@ -78,12 +78,12 @@ def lora_shrink_add_rms_norm_kernel(
     x_ptr, res_ptr, nw_ptr, a_ptr, parts_ptr, slots_ptr,
     K, R, K_PER_PART, eps,
     stride_xt, stride_rt, stride_as, stride_ar, stride_pp, stride_pt,
-    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ROW_P: tl.constexpr,
 ):  # fmt: skip
     """``lora_shrink_kernel`` over ``rms_norm(x + res) * nw``, the input the fused
     add+RMSNorm GEMV (``gemv_add_rms_norm_kernel``) forms for its projection, with the
     same roundings: every program first sums the squares of the whole row (a few KB, from
-    L2), then normalizes only its own part of K."""
+    L2, ``ROW_P`` >= K values in one load), then normalizes only its own part of K."""
     t = tl.program_id(0)
     offs_r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     part = tl.program_id(2)
@@ -93,15 +93,11 @@ def lora_shrink_add_rms_norm_kernel(
         tl.store(out_ptrs, tl.zeros((BLOCK_R,), dtype=tl.float32), mask=offs_r < R)
         return
     dtype = x_ptr.dtype.element_ty
-    sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < K
-        x = tl.load(x_ptr + t * stride_xt + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        r = tl.load(res_ptr + t * stride_rt + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        v = (x + r).to(dtype).to(tl.float32)
-        sq += v * v
-    inv = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+    offs_row = tl.arange(0, ROW_P)  # the whole row in one load (one wait for L2, not K/BLOCK_K)
+    x = tl.load(x_ptr + t * stride_xt + offs_row, mask=offs_row < K, other=0.0).to(tl.float32)
+    r = tl.load(res_ptr + t * stride_rt + offs_row, mask=offs_row < K, other=0.0).to(tl.float32)
+    v = (x + r).to(dtype).to(tl.float32)
+    inv = tl.rsqrt(tl.sum(v * v, axis=0) / K + eps)
     a_base = a_ptr + slot.to(tl.int64) * stride_as
     k_start = part * K_PER_PART
     k_end = tl.minimum(k_start + K_PER_PART, K)
@@ -241,7 +237,7 @@ def lora_expand_blocked_kernel(
     T, N, R, NUM_SLOTS, NUM_PARTS,
     stride_hp, stride_ht, stride_bs, stride_bn, stride_yt,
     NUM_SLICES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_R: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_R: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     s, n0, n1 = _slice_tile(starts_ptr, N, tl.program_id(1), NUM_SLICES, BLOCK_N)
@@ -250,12 +246,22 @@ def lora_expand_blocked_kernel(
     row_slots = tl.load(slots_ptr + offs_m, mask=mask_m, other=-1)
     if tl.sum((row_slots >= 0).to(tl.int32), axis=0) > 0:
         offs_r = tl.arange(0, BLOCK_R)
-        # this slice's rank block of h for the whole block, the shrink's K parts added
-        h_ptrs = h_ptr + offs_m[:, None] * stride_ht + s * R + offs_r[None, :]
-        h_mask = (row_slots[:, None] >= 0) & (offs_r[None, :] < R)
-        h = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-        for p in range(0, NUM_PARTS):
-            h += tl.load(h_ptrs + p * stride_hp, mask=h_mask, other=0.0)
+        # this slice's rank block of h for the whole block, the shrink's K parts added:
+        # one [BLOCK_P, BLOCK_M, BLOCK_R] load and one sum (not one wait for L2 per part)
+        offs_p = tl.arange(0, BLOCK_P)
+        h_ptrs = (
+            h_ptr
+            + offs_p[:, None, None] * stride_hp
+            + offs_m[None, :, None] * stride_ht
+            + s * R
+            + offs_r[None, None, :]
+        )
+        h_mask = (
+            (offs_p[:, None, None] < NUM_PARTS)
+            & (row_slots[None, :, None] >= 0)
+            & (offs_r[None, None, :] < R)
+        )
+        h = tl.sum(tl.load(h_ptrs, mask=h_mask, other=0.0), axis=0)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for slot in range(0, NUM_SLOTS):
             rows = row_slots == slot

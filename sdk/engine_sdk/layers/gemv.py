@@ -136,6 +136,7 @@ class LoRAEpilogue(NamedTuple):
             "LORA": True,
             "NUM_SLICES": self.num_slices,
             "BLOCK_R": max(16, 1 << (rank - 1).bit_length()),
+            "BLOCK_P": 1 << (self.parts.shape[0] - 1).bit_length(),
         }
 
 

@@ -420,7 +420,7 @@ def lora_shrink_add_rms_norm_triton(
             k, r, k_per_part, eps,
             x.stride(0), residual.stride(0), lora_a.stride(0), lora_a.stride(1),
             out.stride(0), out.stride(1),
-            BLOCK_R=_SHRINK_BLOCK_R, BLOCK_K=block_k,
+            BLOCK_R=_SHRINK_BLOCK_R, BLOCK_K=block_k, ROW_P=_block(k),
         )  # fmt: skip
     return out
 
@@ -488,7 +488,7 @@ def lora_expand_triton(
             num_tokens, n, r, lora_b.shape[0], parts.shape[0],
             parts.stride(0), parts.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0),
             NUM_SLICES=len(sizes), BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_R=_block(r),
-            DOT_PRECISION=_dot_precision(lora_b.dtype),
+            DOT_PRECISION=_dot_precision(lora_b.dtype), BLOCK_P=_block(parts.shape[0], 1),
         )  # fmt: skip
         return
     num_parts = parts.shape[0]
