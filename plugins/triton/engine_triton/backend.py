@@ -27,6 +27,9 @@ SPLIT_BLOCK_N = 32  # KV tile of a split decode program (short chunks: less mask
 # for head_dim <= 128, warps, pipeline stages); benchmarks/attention_prefill_sweep_gpu.py
 # measures the alternatives.
 PREFILL_TILES = (64, 64, 4, 2)
+# Split decode: the last split of each program merges the parts in the same launch
+# (kernels.py); False: a second launch (combine_splits_kernel) does.
+COMBINE_IN_KERNEL = True
 # Launch the query blocks that attend to the most KV positions first (causal prefill: the
 # last blocks of the longest prompts), so the long programs do not form the tail.
 HEAVY_FIRST = True
@@ -84,6 +87,19 @@ class TritonAttentionBackend(AttentionBackend):
         self.group = config.num_heads // config.num_kv_heads
         self.head_dim_p = triton.next_power_of_2(config.head_dim)
         self.num_kv_heads_p = triton.next_power_of_2(config.num_kv_heads)
+        # The split-decode counters (zero between launches); every size made stays alive,
+        # since a captured CUDA graph keeps the address it was captured with.
+        self._locks: list[torch.Tensor] = []
+
+    def _split_locks(self, num_work: int, device: torch.device) -> torch.Tensor:
+        need = num_work * self.config.num_kv_heads
+        for locks in self._locks:
+            if locks.device == device and locks.numel() >= need:
+                return locks
+        locks = torch.zeros(max(need, 256 * self.config.num_kv_heads), dtype=torch.int32,
+                            device=device)  # fmt: skip
+        self._locks.append(locks)
+        return locks
 
     def build_metadata(self, batch: AttentionBatch) -> TritonMetadata:
         block_m, block_q, block_n, warps, stages = _tile_sizes(
@@ -168,6 +184,8 @@ class TritonAttentionBackend(AttentionBackend):
             part_ml = torch.empty(
                 num_tokens, cfg.num_heads, splits, 2, dtype=torch.float32, device=query.device
             )
+        combine = part_acc is not None and COMBINE_IN_KERNEL
+        locks = self._split_locks(metadata.num_work, query.device) if combine else None
         if metadata.num_work:
             precision = "ieee" if query.dtype == torch.float32 else "tf32"
             paged_attention_kernel[(metadata.num_work, cfg.num_kv_heads, splits)](
@@ -204,10 +222,12 @@ class TritonAttentionBackend(AttentionBackend):
                 SPLITS=splits,
                 part_acc_ptr=part_acc,
                 part_ml_ptr=part_ml,
+                COMBINE=combine,
+                lock_ptr=locks,
                 num_warps=metadata.num_warps,
                 num_stages=metadata.num_stages,
             )
-        if part_acc is not None:
+        if part_acc is not None and not combine:
             combine_splits_kernel[(num_tokens, cfg.num_heads)](
                 part_acc, part_ml, out, out.stride(0), out.stride(1),
                 SPLITS=splits, HEAD_DIM=cfg.head_dim, HEAD_DIM_P=self.head_dim_p, num_warps=1,

@@ -23,9 +23,17 @@ head) programs to keep the multiprocessors loading, so each is split along the K
 positions into ``SPLITS`` programs (the third grid axis). Split ``s`` covers ``chunk``
 positions from ``s * chunk`` (``chunk``: the sequence's length over ``SPLITS``, rounded up
 to whole tiles; splits past the end do nothing) and writes its unnormalized output and
-its running max and sum to float32 workspaces; ``combine_splits_kernel`` merges them::
+its running max and sum to float32 workspaces, which are merged::
 
     out = sum_s exp2(m_s - M) * acc_s / sum_s exp2(m_s - M) * l_s,    M = max_s m_s
+
+With ``COMBINE`` the merge is in the same launch (one launch a layer instead of two at
+decode): after writing its part, a split adds one to its (sequence, KV head)'s counter in
+``lock_ptr`` (acq_rel); the split that finds ``SPLITS - 1`` there is the last, reads the
+parts back from L2, merges the group's heads and puts the counter back to 0, so the
+counters are zero between launches and CUDA graphs replay them without a memset (the
+GEMVs' split-K, ``engine_sdk.layers.split_k``, works the same way). Without it,
+``combine_splits_kernel`` merges in a second launch.
 """
 
 from __future__ import annotations
@@ -170,6 +178,8 @@ def paged_attention_kernel(
     SPLITS: tl.constexpr = 1,  # KV splits per program row (decode; see the module doc)
     part_acc_ptr=None,  # float32 [tokens, heads, SPLITS, HEAD_DIM_P] when SPLITS > 1
     part_ml_ptr=None,  # float32 [tokens, heads, SPLITS, 2]: running max (log2 units), sum
+    COMBINE: tl.constexpr = False,  # SPLITS > 1: the last split to finish merges (lock_ptr)
+    lock_ptr=None,  # int32 [programs along axis 0 * KV heads], zero before and after
 ):
     work = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -234,7 +244,7 @@ def paged_attention_kernel(
             True, HEAD_DIM == HEAD_DIM_P,
         )  # fmt: skip
 
-    if SPLITS > 1:  # unnormalized partial output, max and sum: combine_splits_kernel merges
+    if SPLITS > 1:  # unnormalized partial output, max and sum; the last split merges them
         if FP8:
             acc = acc * tl.load(kv_scales_ptr + 1)
         num_heads = tl.num_programs(1) * GROUP
@@ -244,6 +254,22 @@ def paged_attention_kernel(
         )
         tl.store(part_ml_ptr + part * 2, m_i, mask=row_ok)
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
+        if COMBINE:
+            # Every thread's part is written before one thread announces it (release); the
+            # last split's acquire makes the other splits' parts visible to its loads.
+            tl.debug_barrier()
+            lock = lock_ptr + work * tl.num_programs(1) + kv_head
+            arrived = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLITS - 1:
+                # BLOCK_Q is 1 here (decode): rows 0 .. GROUP - 1 are the group's heads
+                for g in tl.static_range(GROUP):
+                    _combine_head(
+                        part_acc_ptr, part_ml_ptr, out_ptr,
+                        ((q_start * num_heads + kv_head * GROUP + g) * SPLITS).to(tl.int64),
+                        q_start * stride_ot + (kv_head * GROUP + g) * stride_oh,
+                        ".cg", SPLITS, HEAD_DIM, HEAD_DIM_P,
+                    )  # fmt: skip
+                tl.atomic_xchg(lock, 0, sem="relaxed", scope="gpu")
         return
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -258,6 +284,27 @@ def paged_attention_kernel(
 
 
 @triton.jit
+def _combine_head(
+    part_acc_ptr, part_ml_ptr, out_ptr, first_part, out_off, CACHE: tl.constexpr,
+    SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
+):  # fmt: skip
+    """Merge one (token, head)'s ``SPLITS`` partial outputs (parts ``first_part ..``) into
+    ``out_ptr + out_off``; ``CACHE``: the loads' cache modifier (``.cg``, from L2, when
+    other programs of the same launch wrote the parts)."""
+    part = first_part + tl.arange(0, SPLITS)
+    m = tl.load(part_ml_ptr + part * 2, cache_modifier=CACHE)
+    l_s = tl.load(part_ml_ptr + part * 2 + 1, cache_modifier=CACHE)
+    m_max = tl.max(m, 0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - m_safe))
+    offs_d = tl.arange(0, HEAD_DIM_P)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM_P + offs_d[None, :], cache_modifier=CACHE)
+    total = tl.sum(w * l_s, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptr + out_off + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+@triton.jit
 def combine_splits_kernel(
     part_acc_ptr,
     part_ml_ptr,
@@ -268,21 +315,12 @@ def combine_splits_kernel(
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
 ):
-    """One (token, head): merge the ``SPLITS`` partial outputs of ``paged_attention_kernel``."""
+    """One (token, head): merge the ``SPLITS`` partial outputs of ``paged_attention_kernel``
+    (launched with ``COMBINE=False``)."""
     token = tl.program_id(0)
     head = tl.program_id(1)
-    part = (token * tl.num_programs(1) + head) * SPLITS + tl.arange(0, SPLITS)
-    m = tl.load(part_ml_ptr + part * 2)
-    l_s = tl.load(part_ml_ptr + part * 2 + 1)
-    m_max = tl.max(m, 0)
-    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - m_safe))
-    offs_d = tl.arange(0, HEAD_DIM_P)
-    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM_P + offs_d[None, :])
-    total = tl.sum(w * l_s, 0)
-    out = tl.sum(acc * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(
-        out_ptr + token * stride_ot + head * stride_oh + offs_d,
-        out.to(out_ptr.dtype.element_ty),
-        mask=offs_d < HEAD_DIM,
-    )
+    first = (token * tl.num_programs(1) + head) * SPLITS
+    _combine_head(
+        part_acc_ptr, part_ml_ptr, out_ptr, first, token * stride_ot + head * stride_oh, "",
+        SPLITS, HEAD_DIM, HEAD_DIM_P,
+    )  # fmt: skip

@@ -160,6 +160,50 @@ def test_split_kv_decode(case, splits, monkeypatch):
     assert {s for decode, s in seen if not decode} <= {1}
 
 
+@pytest.mark.parametrize("group", [1, 3])
+def test_split_decode_merges_in_the_same_launch(group, monkeypatch):
+    """Split decode: the last split of each (sequence, KV head) merges the parts inside
+    the attention launch (no combine launch), with the same numbers as the two-launch
+    path, and leaves every counter at zero for the next launch (and a graph replay)."""
+    from engine_triton import backend as triton_backend
+
+    monkeypatch.setattr(triton_backend, "MAX_KV_SPLITS", 4)
+    monkeypatch.setattr(triton_backend, "SPLIT_PROGRAMS_PER_SM", 10**6)
+    gen = torch.Generator().manual_seed(5)
+    ctx_lens, block_size, num_kv_heads, head_dim = [150, 3, 64, 0], 8, 2, 32
+    num_blocks = sum(math.ceil((c + 1) / block_size) for c in ctx_lens) + 3
+    batch, _ = _make_batch(ctx_lens, [1] * 4, block_size, num_blocks, gen)
+    num_heads = num_kv_heads * group
+    cfg = AttentionLayerConfig(
+        num_heads, num_kv_heads, head_dim, head_dim**-0.5, block_size, torch.float32
+    )
+    backend = triton_backend.TritonAttentionBackend(cfg)
+    shape = backend.kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim)
+    cache = torch.randn(shape, generator=gen).to(DEVICE)
+    query = torch.randn(4, num_heads, head_dim, generator=gen).to(DEVICE)
+    new_k = torch.randn(4, num_kv_heads, head_dim, generator=gen).to(DEVICE)
+    new_v = torch.randn(4, num_kv_heads, head_dim, generator=gen).to(DEVICE)
+    meta = backend.build_metadata(batch)
+    assert meta.kv_splits == 4
+
+    two_launch = triton_backend.combine_splits_kernel
+    monkeypatch.setattr(triton_backend, "COMBINE_IN_KERNEL", False)
+    want = backend.forward(query, new_k, new_v, cache.clone(), meta)
+    assert not backend._locks  # the two-launch path uses no counters
+
+    class NoCombineLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("the split parts were merged by a second launch")
+
+    monkeypatch.setattr(triton_backend, "combine_splits_kernel", NoCombineLaunch())
+    monkeypatch.setattr(triton_backend, "COMBINE_IN_KERNEL", True)
+    for _ in range(2):  # the second launch finds the counters the first one left at zero
+        got = backend.forward(query, new_k, new_v, cache.clone(), meta)
+        assert torch.equal(got, want)
+        assert len(backend._locks) == 1 and not backend._locks[0].any()
+    assert two_launch is not triton_backend.combine_splits_kernel
+
+
 def test_kv_splits_reach_the_program_target():
     from engine_triton.backend import MAX_KV_SPLITS, kv_splits
 

@@ -94,10 +94,11 @@ def lora_shrink_add_rms_norm_kernel(
         return
     dtype = x_ptr.dtype.element_ty
     offs_row = tl.arange(0, ROW_P)  # the whole row in one load (one wait for L2, not K/BLOCK_K)
-    x = tl.load(x_ptr + t * stride_xt + offs_row, mask=offs_row < K, other=0.0).to(tl.float32)
-    r = tl.load(res_ptr + t * stride_rt + offs_row, mask=offs_row < K, other=0.0).to(tl.float32)
-    v = (x + r).to(dtype).to(tl.float32)
-    inv = tl.rsqrt(tl.sum(v * v, axis=0) / K + eps)
+    row_ok = offs_row < K
+    x_row = tl.load(x_ptr + t * stride_xt + offs_row, mask=row_ok, other=0.0).to(tl.float32)
+    r_row = tl.load(res_ptr + t * stride_rt + offs_row, mask=row_ok, other=0.0).to(tl.float32)
+    s_row = (x_row + r_row).to(dtype).to(tl.float32)
+    inv = tl.rsqrt(tl.sum(s_row * s_row, axis=0) / K + eps)
     a_base = a_ptr + slot.to(tl.int64) * stride_as
     k_start = part * K_PER_PART
     k_end = tl.minimum(k_start + K_PER_PART, K)

@@ -1,0 +1,46 @@
+"""The decode kernels of LoRA and the GEMV build for an sm90 target (H100/H200) from a CPU
+machine: Triton's whole compile, ptxas included (``engine_sdk.testing.gpu_compile``), which
+the interpreter tests never run. Shapes of the Qwen3-0.6B decode step at batch 1."""
+
+from __future__ import annotations
+
+import pytest
+from engine_sdk.testing.gpu_compile import compile_for_gpu
+
+_LORA_TYPES = {"lp_ptr": "*fp32", "slots_ptr": "*i32", "starts_ptr": "*i32", "eps": "fp32"}
+
+
+@pytest.mark.parametrize(
+    "kernel,block_k,slices,parts",
+    [
+        ("gemv_kernel", 2048, 1, 16),  # o_proj: 16 parts of K 2048
+        ("gemv_kernel", 2048, 1, 1),  # (one part)
+        ("gemv_add_rms_norm_kernel", 1024, 3, 8),  # q/k/v after the fused norm
+    ],
+)
+def test_gemv_with_the_lora_epilogue(kernel: str, block_k: int, slices: int, parts: int) -> None:
+    constants = {
+        "HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 2, "BLOCK_K": block_k, "LORA": True,
+        "NUM_SLICES": slices, "BLOCK_R": 16, "BLOCK_P": parts,
+    }  # fmt: skip
+    report = compile_for_gpu("engine_sdk.layers._gemv_kernels", kernel, constants, _LORA_TYPES)
+    assert report["cubin_bytes"] > 0
+
+
+def test_lora_shrink_and_expand_kernels() -> None:
+    module = "engine_sdk.layers._lora_kernels"
+    fp32_parts = {"parts_ptr": "*fp32", "h_ptr": "*fp32", "slots_ptr": "*i32", "eps": "fp32"}
+    shrink = compile_for_gpu(
+        module, "lora_shrink_add_rms_norm_kernel",
+        {"BLOCK_R": 16, "BLOCK_K": 128, "ROW_P": 1024}, fp32_parts,
+    )  # fmt: skip
+    blocked = compile_for_gpu(
+        module, "lora_expand_blocked_kernel",
+        {"NUM_SLICES": 3, "BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_R": 16, "DOT_PRECISION": "tf32",
+         "BLOCK_P": 8},
+        {**fp32_parts, "starts_ptr": "*i32"},
+    )  # fmt: skip
+    silu = compile_for_gpu(
+        module, "silu_mul_lora_shrink_kernel", {"BLOCK_R": 16, "BLOCK_K": 256}, fp32_parts
+    )
+    assert min(shrink["cubin_bytes"], blocked["cubin_bytes"], silu["cubin_bytes"]) > 0
