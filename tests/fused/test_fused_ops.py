@@ -150,3 +150,53 @@ def test_qkv_norm_rope_matches_the_separate_ops(dtype, qk_norm, num_tokens):
         assert got.is_contiguous() and got.shape == ref.shape
         torch.testing.assert_close(got, ref, **_tol(dtype))
     assert torch.equal(v, rv)
+
+
+@pytest.mark.parametrize("cache", ["model", "fp8"])
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_qkv_norm_rope_stores_k_and_v_into_the_cache(cache, qk_norm):
+    """With a ``KVStoreTarget`` the q/k/v epilogue writes k and v straight into the paged
+    cache (fp8: quantized with the layer's scales, values that clip included) and returns
+    no k/v: the cache then holds what the backend's own store of the separate outputs
+    leaves (``store_kv_reference``), slot -1 (a padding token) writes nothing, q is the
+    same."""
+    from engine_sdk.interfaces.attention import KVStoreTarget
+    from engine_sdk.testing.attention import store_kv_reference
+
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(9)
+    num_tokens, num_q, num_kv, head_dim, block_size, num_blocks = 5, 4, 2, 16, 4, 6
+    qkv = (torch.randn(num_tokens, (num_q + 2 * num_kv) * head_dim, generator=gen) * 3).to(dtype)
+    qkv = qkv.to(DEVICE)
+    rope = rotary.RotaryEmbedding(
+        rotary.RopeParameters("default", 10000.0, head_dim, head_dim, 4096, {})
+    ).to(DEVICE)
+    cos, sin = rope.cos_sin(torch.arange(3, 3 + num_tokens, device=DEVICE), dtype)
+    weights = [torch.randn(head_dim, generator=gen).to(dtype).to(DEVICE) for _ in range(2)]
+    qw, kw = weights if qk_norm else (None, None)
+    cache_dtype = torch.float8_e4m3fn if cache == "fp8" else dtype
+    shape = (2, num_blocks, block_size, num_kv, head_dim)
+    slots = torch.tensor([5, 17, -1, 0, 22], dtype=torch.int64, device=DEVICE)
+    scales = torch.tensor([0.002, 0.5], device=DEVICE)  # k clips at +-448 * 0.002
+
+    def target(kv_cache: torch.Tensor) -> KVStoreTarget:
+        return KVStoreTarget(kv_cache[0], kv_cache[1], slots, scales)
+
+    q, k, v = fused_ops.qkv_norm_rope(qkv, num_q, num_kv, qw, kw, 1e-6, cos, sin)
+    assert k is not None and v is not None
+    want = torch.zeros(shape, dtype=cache_dtype, device=DEVICE)
+    store_kv_reference(target(want), k, v)
+    got = torch.zeros(shape, dtype=cache_dtype, device=DEVICE)
+    q2, k2, v2 = fused_ops.qkv_norm_rope(
+        qkv, num_q, num_kv, qw, kw, 1e-6, cos, sin, kv_store=target(got)
+    )
+    assert k2 is None and v2 is None
+    assert torch.equal(q2, q)
+    assert torch.equal(got.float(), want.float())
+    assert got.float().abs().sum() > 0  # something was stored
+    if cache == "fp8":
+        assert got[0].float().abs().max() == 448.0  # the k scale made values clip
+    flat = got.view(2, -1, num_kv, head_dim)
+    written = set(slots[slots >= 0].tolist())
+    others = [i for i in range(num_blocks * block_size) if i not in written]
+    assert not flat[:, others].float().any()  # nothing outside the slots (slot -1 skipped)

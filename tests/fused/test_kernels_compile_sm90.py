@@ -44,3 +44,24 @@ def test_lora_shrink_and_expand_kernels() -> None:
         module, "silu_mul_lora_shrink_kernel", {"BLOCK_R": 16, "BLOCK_K": 256}, fp32_parts
     )
     assert min(shrink["cubin_bytes"], blocked["cubin_bytes"], silu["cubin_bytes"]) > 0
+
+
+@pytest.mark.parametrize(
+    "store,cache", [(False, "*bf16"), (True, "*bf16"), (True, "*fp8e4nv")], ids=str
+)
+def test_qkv_norm_rope_with_the_kv_store(store: bool, cache: str) -> None:
+    """The q/k/v epilogue, writing k and v into the paged cache (bf16 or fp8) or not."""
+    constants = {
+        "HEAD_DIM": 128, "HALF_P": 64, "HEADS_P": 16, "HAS_NORM": True, "STORE": store,
+        "FP8": cache == "*fp8e4nv",
+    }  # fmt: skip
+    types = {
+        "k_cache_ptr": cache, "v_cache_ptr": cache, "slot_ptr": "*i64",
+        "kv_scales_ptr": "*fp32", "eps": "fp64",
+    }  # fmt: skip
+    report = compile_for_gpu(
+        "engine_sdk.layers._fused_kernels", "qkv_norm_rope_kernel", constants, types
+    )
+    assert report["cubin_bytes"] > 0
+    # the fp8 store divides exactly (div.rn), as the backend's store kernel does
+    assert ("div.rn.f32" in report["ptx"]) == (cache == "*fp8e4nv")

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import triton
-from engine_sdk.interfaces.attention import AttentionBackend, AttentionBatch, AttentionLayerConfig
+from engine_sdk.interfaces.attention import (
+    AttentionBackend,
+    AttentionBatch,
+    AttentionLayerConfig,
+    KVStoreTarget,
+)
 from engine_sdk.layers.split_k import num_multiprocessors
 
 from engine_triton.kernels import combine_splits_kernel, paged_attention_kernel, store_kv_kernel
@@ -149,8 +154,7 @@ class TritonAttentionBackend(AttentionBackend):
         num_tokens = query.shape[0]
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         fp8 = kv_cache.dtype == torch.float8_e4m3fn
-        if self.kv_scales.device != query.device:  # a backend built outside torch.device
-            self.kv_scales = self.kv_scales.to(query.device)  # (the kernels take its pointer)
+        self._scales_on(query.device)
         if num_tokens:
             store_kv_kernel[(num_tokens,)](
                 key,
@@ -171,6 +175,27 @@ class TritonAttentionBackend(AttentionBackend):
                 HEAD_DIM_P=self.head_dim_p,
                 FP8=fp8,
             )
+        return self.forward_stored(query, kv_cache, metadata)
+
+    def _scales_on(self, device: torch.device) -> None:
+        if self.kv_scales.device != device:  # a backend built outside torch.device
+            self.kv_scales = self.kv_scales.to(device)  # (the kernels take its pointer)
+
+    def kv_store_target(self, kv_cache: torch.Tensor, metadata: TritonMetadata) -> KVStoreTarget:
+        """The cache's K and V halves (``kv_cache_shape``'s default layout) and the step's
+        slots: a fused q/k/v kernel may write them, then call ``forward_stored``."""
+        self._scales_on(kv_cache.device)
+        return KVStoreTarget(kv_cache[0], kv_cache[1], metadata.batch.slot_mapping, self.kv_scales)
+
+    def forward_stored(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: TritonMetadata
+    ) -> torch.Tensor:
+        cfg = self.config
+        batch = metadata.batch
+        num_tokens = query.shape[0]
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        fp8 = kv_cache.dtype == torch.float8_e4m3fn
+        self._scales_on(query.device)
         out = torch.empty(
             num_tokens, cfg.num_heads, cfg.head_dim, dtype=query.dtype, device=query.device
         )

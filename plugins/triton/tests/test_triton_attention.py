@@ -204,6 +204,19 @@ def test_split_decode_merges_in_the_same_launch(group, monkeypatch):
     assert two_launch is not triton_backend.combine_splits_kernel
 
 
+@pytest.mark.parametrize(
+    "case", [*ATTENTION_CASES, *_SPLIT_DECODE_CASES, *_FP8_DECODE_CASES], ids=lambda c: c.name
+)
+def test_conformance_with_kv_stored_by_the_caller(case):
+    """The SDK suite with each step's K/V written through ``kv_store_target`` (as the
+    decoder's fused q/k/v kernel does) and ``forward_stored``: the target is the cache the
+    backend reads, fp8 scales included."""
+    from engine_triton.backend import TritonAttentionBackend
+
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    run_attention_case(TritonAttentionBackend, case, device=DEVICE, dtype=dtype, stored_kv=True)
+
+
 def test_kv_splits_reach_the_program_target():
     from engine_triton.backend import MAX_KV_SPLITS, kv_splits
 

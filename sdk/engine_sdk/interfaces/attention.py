@@ -83,6 +83,23 @@ class AttentionBatch:
         return self.max_query_len == 1
 
 
+@dataclass(frozen=True)
+class KVStoreTarget:
+    """Where a caller writes a step's K and V itself (a fused kernel that has them in
+    registers), for a backend that offers it (``AttentionBackend.kv_store_target``).
+
+    ``k_cache``/``v_cache`` are ``[num_blocks, block_size, num_kv_heads, head_dim]`` with
+    contiguous slots: token ``t``'s head ``h`` goes to ``cache.view(-1, num_kv_heads,
+    head_dim)[slot_mapping[t], h]`` (``slot_mapping[t] < 0``: nowhere). An fp8 cache stores
+    ``fp8(clamp(x / scale, -max, max))`` with ``kv_scales`` ``[k_scale, v_scale]``.
+    """
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    kv_scales: torch.Tensor
+
+
 class AttentionBackend(ABC):
     """Computes paged attention for one layer.
 
@@ -141,3 +158,18 @@ class AttentionBackend(ABC):
         ``query`` is [num_tokens, num_heads, head_dim]; ``key`` and ``value`` are
         [num_tokens, num_kv_heads, head_dim]. Returns [num_tokens, num_heads * head_dim].
         """
+
+    def kv_store_target(self, kv_cache: torch.Tensor, metadata: Any) -> KVStoreTarget | None:
+        """Where a caller may write this step's K/V itself before calling
+        ``forward_stored`` instead of ``forward`` (one launch less a layer); ``None``
+        (the default): the caller passes them to ``forward``."""
+        return None
+
+    def forward_stored(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: Any
+    ) -> torch.Tensor:
+        """``forward`` for a step whose K/V the caller already wrote where
+        ``kv_store_target`` said; only called on backends that returned a target."""
+        raise NotImplementedError(
+            f"{type(self).__name__} returns a kv_store_target but has no forward_stored"
+        )

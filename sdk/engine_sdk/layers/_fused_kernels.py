@@ -111,18 +111,39 @@ def silu_mul_merged_kernel(gu_ptr, out_ptr, stride_gu, stride_o, inter, BLOCK: t
 
 
 @triton.jit
+def _store_cache_heads(
+    cache_ptr, slot, heads, dims, half, mask, stride_ch, scale_ptr, x1, x2, FP8: tl.constexpr
+):  # fmt: skip
+    """Store a token's heads (halves ``x1``, ``x2``, in the model dtype) at ``cache_ptr``,
+    its cache slot (``slot`` < 0: nowhere); an fp8 cache gets ``fp8(clamp(x / scale))`` (IEEE
+    division, the Triton attention backend's store)."""
+    dst = cache_ptr + heads * stride_ch
+    ok = mask & (slot >= 0)
+    ty = cache_ptr.dtype.element_ty
+    if FP8:
+        scale = tl.load(scale_ptr)
+        x1 = tl.minimum(tl.maximum(tl.math.div_rn(x1.to(tl.float32), scale), -448.0), 448.0)
+        x2 = tl.minimum(tl.maximum(tl.math.div_rn(x2.to(tl.float32), scale), -448.0), 448.0)
+    tl.store(dst + dims, x1.to(ty), mask=ok)
+    tl.store(dst + half + dims, x2.to(ty), mask=ok)
+
+
+@triton.jit
 def qkv_norm_rope_kernel(
     qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr,
     stride_t, stride_ct, num_q_heads, num_kv_heads, eps,
+    k_cache_ptr, v_cache_ptr, slot_ptr, kv_scales_ptr, stride_cs, stride_ch,
     HEAD_DIM: tl.constexpr, HALF_P: tl.constexpr, HEADS_P: tl.constexpr,
-    HAS_NORM: tl.constexpr,
+    HAS_NORM: tl.constexpr, STORE: tl.constexpr = False, FP8: tl.constexpr = False,
 ):  # fmt: skip
     # One program per (token, part): part 0 the q heads, 1 the k heads (optional per-head
     # RMSNorm, then rope over the whole head), 2 the v heads (copied). A row of qkv is
     #   [ q: num_q_heads * D | k: num_kv_heads * D | v: num_kv_heads * D ]
     # and each output is a contiguous [tokens, heads, D] tensor. The arithmetic and its
     # roundings are those of the separate kernels (norm output rounded to the dtype, times
-    # the weight, rounded; rope in float32 from the rounded values).
+    # the weight, rounded; rope in float32 from the rounded values). With STORE, k and v
+    # go to the paged KV cache instead, at the token's slot (``slot * stride_cs``, heads
+    # ``stride_ch`` apart), quantized there for an fp8 cache (FP8, scales [k, v]).
     tok = tl.program_id(0)
     part = tl.program_id(1)
     half = HEAD_DIM // 2
@@ -132,9 +153,18 @@ def qkv_norm_rope_kernel(
     if part == 2:
         vmask = (heads < num_kv_heads) & (dims < half)
         src = row + (num_q_heads + num_kv_heads) * HEAD_DIM + heads * HEAD_DIM
-        dst = v_ptr + tok * num_kv_heads * HEAD_DIM + heads * HEAD_DIM
-        tl.store(dst + dims, tl.load(src + dims, mask=vmask), mask=vmask)
-        tl.store(dst + half + dims, tl.load(src + half + dims, mask=vmask), mask=vmask)
+        v1 = tl.load(src + dims, mask=vmask)
+        v2 = tl.load(src + half + dims, mask=vmask)
+        if STORE:
+            slot = tl.load(slot_ptr + tok)
+            _store_cache_heads(
+                v_cache_ptr + slot.to(tl.int64) * stride_cs, slot, heads, dims, half, vmask,
+                stride_ch, kv_scales_ptr + 1, v1, v2, FP8,
+            )  # fmt: skip
+        else:
+            dst = v_ptr + tok * num_kv_heads * HEAD_DIM + heads * HEAD_DIM
+            tl.store(dst + dims, v1, mask=vmask)
+            tl.store(dst + half + dims, v2, mask=vmask)
     else:
         if part == 0:
             num_heads = num_q_heads
@@ -147,7 +177,7 @@ def qkv_norm_rope_kernel(
             out = k_ptr + tok * num_kv_heads * HEAD_DIM + heads * HEAD_DIM
             w_ptr = kw_ptr
         mask = (heads < num_heads) & (dims < half)
-        ty = out.dtype.element_ty
+        ty = q_ptr.dtype.element_ty
         x1 = tl.load(src + dims, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(src + half + dims, mask=mask, other=0.0).to(tl.float32)
         if HAS_NORM:
@@ -159,5 +189,14 @@ def qkv_norm_rope_kernel(
             x2 = ((x2 * inv).to(ty).to(tl.float32) * w2).to(ty).to(tl.float32)
         c = tl.load(cos_ptr + tok * stride_ct + dims, mask=dims < half, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + tok * stride_ct + dims, mask=dims < half, other=0.0).to(tl.float32)
-        tl.store(out + dims, (x1 * c - x2 * s).to(ty), mask=mask)
-        tl.store(out + half + dims, (x2 * c + x1 * s).to(ty), mask=mask)
+        y1 = (x1 * c - x2 * s).to(ty)
+        y2 = (x2 * c + x1 * s).to(ty)
+        if STORE and part == 1:
+            slot = tl.load(slot_ptr + tok)
+            _store_cache_heads(
+                k_cache_ptr + slot.to(tl.int64) * stride_cs, slot, heads, dims, half, mask,
+                stride_ch, kv_scales_ptr, y1, y2, FP8,
+            )  # fmt: skip
+        else:
+            tl.store(out + dims, y1, mask=mask)
+            tl.store(out + half + dims, y2, mask=mask)

@@ -14,14 +14,19 @@ vLLM), ``<attn>.k_proj.k_scale`` / ``<attn>.v_proj.v_scale`` (ModelOpt) and the 
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from engine_sdk.interfaces.attention import AttentionBackend, AttentionLayerConfig
+from engine_sdk.interfaces.attention import AttentionBackend, AttentionLayerConfig, KVStoreTarget
 from engine_sdk.interfaces.model import ModelContext
 
 __all__ = ["KV_SCALE_SUFFIXES", "Attention", "load_kv_scale"]
 
 KV_SCALE_SUFFIXES = (".k_scale", ".v_scale", ".kv_scale")
+# The decoder writes K/V into the cache inside its fused q/k/v kernel where the backend
+# offers a target; 0: always through the backend's forward (A/B measurements).
+_FUSED_KV_STORE = os.environ.get("ENGINE_FUSED_KV_STORE", "1") != "0"
 
 
 class Attention(torch.nn.Module):
@@ -73,6 +78,22 @@ class Attention(torch.nn.Module):
         k = key.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = value.view(num_tokens, self.num_kv_heads, self.head_dim)
         return self.backend.forward(q, k, v, kv_cache, attn_metadata)
+
+    def kv_store_target(
+        self, kv_cache: torch.Tensor, attn_metadata: object
+    ) -> KVStoreTarget | None:
+        """Where the caller may write this step's K/V itself (``None``: pass them to
+        ``forward``); ``ENGINE_FUSED_KV_STORE=0`` always says ``None``."""
+        if not _FUSED_KV_STORE:
+            return None
+        return self.backend.kv_store_target(kv_cache, attn_metadata)
+
+    def forward_stored(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: object
+    ) -> torch.Tensor:
+        """``forward`` after the caller wrote K/V where ``kv_store_target`` said."""
+        q = query.view(query.shape[0], self.num_heads, self.head_dim)
+        return self.backend.forward_stored(q, kv_cache, attn_metadata)
 
     def load_kv_scale(self, which: str, tensor: torch.Tensor) -> None:
         """Set this layer's fp8 KV cache scale from a checkpoint: ``which`` k, v or kv."""

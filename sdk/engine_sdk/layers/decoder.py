@@ -174,6 +174,8 @@ class DecoderAttention(torch.nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         cos, sin = cos_sin
         if self._fuse_qkv_epilogue(qkv, cos):
+            # K/V straight into the cache when the backend allows it (no store launch)
+            target = self.attn.kv_store_target(kv_cache, attn_metadata)
             q, k, v = fused_ops.qkv_norm_rope(
                 qkv,
                 self.num_heads,
@@ -183,8 +185,12 @@ class DecoderAttention(torch.nn.Module):
                 self.q_norm.eps if self.q_norm is not None else 0.0,
                 cos,
                 sin,
+                kv_store=target,
             )
-            out = self.attn(q, k, v, kv_cache, attn_metadata)
+            if k is None or v is None:
+                out = self.attn.forward_stored(q, kv_cache, attn_metadata)
+            else:
+                out = self.attn(q, k, v, kv_cache, attn_metadata)
             fused: torch.Tensor = self.o_proj(out)
             return fused
         q2, k2 = qkv[..., :q_size], qkv[..., q_size : q_size + kv_size]

@@ -15,6 +15,8 @@ import os
 
 import torch
 
+from engine_sdk.interfaces.attention import KVStoreTarget
+
 
 @functools.lru_cache(maxsize=1)
 def _kernels() -> object | None:
@@ -134,29 +136,53 @@ def qkv_norm_rope(
     eps: float,
     cos: torch.Tensor,
     sin: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    kv_store: KVStoreTarget | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Split a merged q/k/v projection ``[tokens, (H + 2 * KV) * D]`` into contiguous q, k
     and v ``[tokens, heads, D]``, with the per-head q/k RMSNorm (when weights are given)
     and rope over the whole head applied to q and k: one launch instead of five (two
-    norms, two ropes, the copy that makes v contiguous). ``cos``/``sin``: [tokens, 1, D]."""
+    norms, two ropes, the copy that makes v contiguous). ``cos``/``sin``: [tokens, 1, D].
+
+    With ``kv_store`` (the attention backend's ``kv_store_target``) k and v are written
+    into the paged KV cache at the step's slots instead (quantized there for an fp8
+    cache), and ``(q, None, None)`` is returned: the backend's store launch is not needed."""
     from engine_sdk.layers._fused_kernels import qkv_norm_rope_kernel
 
     num_tokens = qkv.shape[0]
     head_dim = cos.shape[-1]
     shape_q, shape_kv = (num_tokens, num_q_heads, head_dim), (num_tokens, num_kv_heads, head_dim)
     q = torch.empty(shape_q, dtype=qkv.dtype, device=qkv.device)
-    k = torch.empty(shape_kv, dtype=qkv.dtype, device=qkv.device)
-    v = torch.empty(shape_kv, dtype=qkv.dtype, device=qkv.device)
+    k = v = None
+    if kv_store is None:
+        k = torch.empty(shape_kv, dtype=qkv.dtype, device=qkv.device)
+        v = torch.empty(shape_kv, dtype=qkv.dtype, device=qkv.device)
     if num_tokens == 0:
         return q, k, v
     has_norm = q_weight is not None and k_weight is not None
     half = head_dim // 2
+    if kv_store is not None:
+        k_cache, v_cache = kv_store.k_cache, kv_store.v_cache
+        assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+        assert k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1)  # contiguous slots
+        cache_args: tuple[object, ...] = (
+            k_cache, v_cache, kv_store.slot_mapping, kv_store.kv_scales,
+            k_cache.stride(1), k_cache.stride(2),
+        )  # fmt: skip
+        fp8 = k_cache.dtype == torch.float8_e4m3fn
+        if not fp8 and k_cache.dtype != qkv.dtype:
+            raise ValueError(
+                f"qkv_norm_rope stores into {qkv.dtype} or float8_e4m3fn KV caches, not "
+                f"{k_cache.dtype}"
+            )
+    else:
+        cache_args, fp8 = (q, q, q, q, 0, 0), False  # never read without STORE
     qkv_norm_rope_kernel[(num_tokens, 3)](
-        qkv, q_weight if has_norm else qkv, k_weight if has_norm else qkv, cos, sin, q, k, v,
-        qkv.stride(0), cos.stride(0), num_q_heads, num_kv_heads, eps,
+        qkv, q_weight if has_norm else qkv, k_weight if has_norm else qkv, cos, sin, q,
+        q if k is None else k, q if v is None else v,
+        qkv.stride(0), cos.stride(0), num_q_heads, num_kv_heads, eps, *cache_args,
         HEAD_DIM=head_dim, HALF_P=max(1, 1 << (half - 1).bit_length()),
         HEADS_P=max(1, 1 << (max(num_q_heads, num_kv_heads) - 1).bit_length()),
-        HAS_NORM=has_norm, num_warps=4,
+        HAS_NORM=has_norm, STORE=kv_store is not None, FP8=fp8, num_warps=4,
     )  # fmt: skip
     return q, k, v
 

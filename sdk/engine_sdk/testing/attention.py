@@ -47,6 +47,7 @@ from engine_sdk.interfaces.attention import (
     AttentionBackend,
     AttentionBatch,
     AttentionLayerConfig,
+    KVStoreTarget,
 )
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "check_attention_backend",
     "dense_causal_attention",
     "fake_quantize_kv",
+    "store_kv_reference",
     "run_attention_case",
     "run_feature_case",
 ]
@@ -250,6 +252,22 @@ def fake_quantize_kv(x: torch.Tensor, scale: float, fp8_dtype: torch.dtype) -> t
     return stored.to(fp8_dtype).double() * scale
 
 
+def store_kv_reference(target: KVStoreTarget, key: torch.Tensor, value: torch.Tensor) -> None:
+    """Write ``key``/``value`` [num_tokens, num_kv_heads, head_dim] where ``target`` says
+    (``KVStoreTarget``'s contract, in torch): what a fused kernel must leave in the cache."""
+    slots = target.slot_mapping.long()
+    keep = slots >= 0
+    for cache, x, index in ((target.k_cache, key, 0), (target.v_cache, value, 1)):
+        flat = cache.view(-1, *cache.shape[2:])
+        x = x[keep]
+        if cache.dtype != x.dtype:  # fp8: the store's quantization (IEEE division on device)
+            limit = torch.finfo(cache.dtype).max
+            scale = target.kv_scales[index].to(torch.float32)
+            flat[slots[keep]] = (x.float() / scale).clamp(-limit, limit).to(cache.dtype)
+        else:
+            flat[slots[keep]] = x
+
+
 def _cache_dtype(case: AttentionCase, dtype: torch.dtype) -> torch.dtype:
     if case.kv_cache_dtype == "auto":
         return dtype
@@ -370,8 +388,11 @@ def run_attention_case(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     tolerance: float | None = None,
+    stored_kv: bool = False,
 ) -> None:
-    """Run ``case`` through ``backend_cls``; raise ``AssertionError`` on the first mismatch."""
+    """Run ``case`` through ``backend_cls``; raise ``AssertionError`` on the first mismatch.
+    ``stored_kv``: each step's K/V are written where the backend's ``kv_store_target``
+    says (``store_kv_reference``, as a fused kernel would) and ``forward_stored`` runs."""
     gen = torch.Generator().manual_seed(seed)
     tol = tolerance if tolerance is not None else _TOLERANCES[dtype]
     scale = case.scale if case.scale is not None else case.head_dim**-0.5
@@ -407,7 +428,14 @@ def run_attention_case(
         q = _pack(case, running, "q", case.num_heads, dtype, device)
         k = _pack(case, running, "k", case.num_kv_heads, dtype, device)
         v = _pack(case, running, "v", case.num_kv_heads, dtype, device)
-        out = backend.forward(q, k, v, kv_cache, backend.build_metadata(batch))
+        metadata = backend.build_metadata(batch)
+        if stored_kv:
+            target = backend.kv_store_target(kv_cache, metadata)
+            assert target is not None, f"{backend_cls.__name__} offers no kv_store_target"
+            store_kv_reference(target, k, v)
+            out = backend.forward_stored(q, kv_cache, metadata)
+        else:
+            out = backend.forward(q, k, v, kv_cache, metadata)
         want_shape = (batch.num_tokens, case.num_heads * case.head_dim)
         assert tuple(out.shape) == want_shape, (
             f"{case.name} step {step}: output shape {tuple(out.shape)}, expected {want_shape}"
