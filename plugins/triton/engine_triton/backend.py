@@ -7,6 +7,7 @@ kernel and dequantized in the attention kernel with the layer's ``kv_scales``; T
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,8 +34,9 @@ SPLIT_BLOCK_N = 32  # KV tile of a split decode program (short chunks: less mask
 # measures the alternatives.
 PREFILL_TILES = (64, 64, 4, 2)
 # Split decode: the last split of each program merges the parts in the same launch
-# (kernels.py); False: a second launch (combine_splits_kernel) does.
-COMBINE_IN_KERNEL = True
+# (kernels.py); False (ENGINE_TRITON_SPLIT_MERGE=0, for A/B): a second launch
+# (combine_splits_kernel) does.
+COMBINE_IN_KERNEL = os.environ.get("ENGINE_TRITON_SPLIT_MERGE", "1") != "0"
 # Launch the query blocks that attend to the most KV positions first (causal prefill: the
 # last blocks of the longest prompts), so the long programs do not form the tail.
 HEAVY_FIRST = True
