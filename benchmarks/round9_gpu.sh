@@ -8,7 +8,9 @@
 # Modes:
 #   check    the GPU tests of what round 9 changed, compiled for real (the in-launch split
 #            merge and its counters, the fused q/k/v + KV-cache write, the LoRA epilogue's
-#            one-load parts, the norm shrink), then W2 with each change off and on
+#            one-load parts, the norm shrink, the decode graph's sampling launch), then W2
+#            with each change off and on; W2 now samples at temperature 1.0 by default, as
+#            vllm bench latency does (round 8 and before: greedy), so greedy is timed too
 #   decode   W2 and the Llama-8B shape at batch 1 (side_by_side.py --engine-only), LoRA
 #            batch-1 decode with an adapter and W1 over 4 adapters (lora_gpu.py --quick)
 #   compile  W2 with ENGINE_TORCH_COMPILE=1 against 0 (issue 14 item 2: not yet measured)
@@ -26,8 +28,9 @@ source benchmarks/device_install.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$MODE" = check ]; then
     py 240 -m pytest -q -x -p no:cacheprovider plugins/triton/tests tests/fused \
-        tests/lora/test_lora_cuda.py 2>&1 | tail -8
+        tests/lora/test_lora_cuda.py tests/model/test_decode_graph_cuda.py 2>&1 | tail -8
     w2 base
+    w2 greedy --temperature 0
     ENGINE_TRITON_SPLIT_MERGE=0 w2 two_launch_merge
     ENGINE_FUSED_KV_STORE=0 w2 backend_store
     ENGINE_TRITON_SPLIT_MERGE=0 ENGINE_FUSED_KV_STORE=0 w2 round8_launches

@@ -65,3 +65,16 @@ def test_qkv_norm_rope_with_the_kv_store(store: bool, cache: str) -> None:
     assert report["cubin_bytes"] > 0
     # the fp8 store divides exactly (div.rn), as the backend's store kernel does
     assert ("div.rn.f32" in report["ptx"]) == (cache == "*fp8e4nv")
+
+
+def test_row_sampler_kernel() -> None:
+    """The decode graph's sampling launch (``engine_sdk.layers.sampling``)."""
+    types = {
+        "logits_ptr": "*fp32", "temps_ptr": "*fp32", "step_ptr": "*i64",
+        "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "lock_ptr": "*i32", "out_ptr": "*i64",
+    }  # fmt: skip
+    report = compile_for_gpu(
+        "engine_sdk.layers._sampling_kernels", "sample_rows_kernel",
+        {"BLOCK": 4096, "CHUNKS_P": 64}, types,
+    )  # fmt: skip
+    assert report["cubin_bytes"] > 0 and "atom.global" in report["ptx"]

@@ -1,6 +1,7 @@
-"""On the GPU (marked ``gpu``): the decode CUDA graphs, with the logits and their argmax
-inside the graph for small batches, give the tokens of eager execution; plain greedy
-batches take the graph's argmax, anything else samples from the graph's logits."""
+"""On the GPU (marked ``gpu``): the decode CUDA graphs, with the logits and each row's
+token inside the graph for small batches, give the tokens of eager execution; plain
+greedy batches take the graph's argmax, temperature-only rows the graph's draw, anything
+else samples from the graph's logits."""
 
 from __future__ import annotations
 
@@ -70,3 +71,36 @@ def test_graph_decode_matches_eager(tiny_qwen3: Path, dtype: str, monkeypatch) -
                         assert lg.logprob == pytest.approx(lw.logprob, abs=tol)
             plain = name == "greedy" and batch <= LOGITS_IN_GRAPH_MAX_BATCH
             assert bool(greedy_calls) == plain, (name, batch, greedy_calls)
+
+
+def test_graph_samples_temperature_rows(tiny_qwen3: Path, monkeypatch) -> None:
+    """Rows that only scale by a temperature take the graph's own draw at small batches
+    (one launch: no sampler kernels); the draws vary between requests and runs, and a
+    batch that mixes them with greedy rows keeps the greedy rows' tokens exact."""
+    base = {"device": "cuda", "dtype": "float32", "kv_cache_memory_bytes": 1 << 28}
+    eager = LLM(str(tiny_qwen3), enforce_eager=True, **base)
+    graphs = LLM(str(tiny_qwen3), **base)
+    calls = []
+    original = Sampler.greedy_sample
+
+    def counting(self, token_ids, batch):
+        calls.append(len(batch))
+        return original(self, token_ids, batch)
+
+    monkeypatch.setattr(Sampler, "greedy_sample", counting)
+    warm = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = _prompts(4)
+    first = graphs.generate(prompts, [warm, greedy, warm, greedy], use_tqdm=False)
+    assert calls and max(calls) == 4  # the graph's tokens, for the whole mixed batch
+    second = graphs.generate(prompts, [warm, greedy, warm, greedy], use_tqdm=False)
+    want = eager.generate(prompts, greedy, use_tqdm=False)
+    for i in (1, 3):  # greedy rows: exactly the eager argmax
+        assert first[i].outputs[0].token_ids == want[i].outputs[0].token_ids
+        assert second[i].outputs[0].token_ids == want[i].outputs[0].token_ids
+    draws = [first[0], first[2], second[0], second[2]]
+    assert len({tuple(d.outputs[0].token_ids) for d in draws}) == 4  # fresh noise each
+    top_p = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=4, ignore_eos=True)
+    calls.clear()
+    graphs.generate(prompts[:1], top_p, use_tqdm=False)
+    assert not calls  # top-p is not plain: the sampler draws from the graph's logits

@@ -53,3 +53,27 @@ def test_anything_that_changes_the_token_is_not_plain_greedy(params, outputs, ma
 def test_min_tokens_already_reached_is_plain_greedy() -> None:
     params = [SamplingParams(temperature=0.0, min_tokens=2, eos_token_ids=[2])]
     assert Sampler().plain_greedy(_batch(params, outputs=[[4, 5, 6]]))
+
+
+@pytest.mark.parametrize(
+    "params,plain",
+    [
+        (SamplingParams(temperature=0.8), True),
+        (SamplingParams(temperature=1.0, top_k=0), True),
+        (SamplingParams(temperature=1.0, top_k=20), False),
+        (SamplingParams(temperature=1.0, top_p=0.9), False),
+        (SamplingParams(temperature=1.0, min_p=0.1), False),
+        (SamplingParams(temperature=1.0, logprobs=0), False),
+        (SamplingParams(temperature=1.0, presence_penalty=0.5), False),
+        (SamplingParams(temperature=1.0, seed=3), False),
+    ],
+    ids=["temperature", "top_k_off", "top_k", "top_p", "min_p", "logprobs", "penalty", "seed"],
+)
+def test_plain_rows_are_greedy_or_temperature_alone(params, plain) -> None:
+    """The decode graph's own draw serves rows that scale by a temperature and nothing
+    else; a seeded row needs its generator's draw, the others the sampler's stages."""
+    batch = _batch([SamplingParams(temperature=0.0), params])
+    if params.seed is not None:
+        batch.generators[1] = torch.Generator().manual_seed(params.seed)
+    assert Sampler().plain_rows(batch, vocab_size=50) == plain
+    assert not Sampler().plain_greedy(batch)

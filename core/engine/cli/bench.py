@@ -120,10 +120,11 @@ def latency(
     output_len: OutputLen = 256,
     num_iters: int = 5,
     num_iters_warmup: int = 2,
-    temperature: float = 0.0,
+    temperature: float = 1.0,
     save_result: SaveResult = None,
 ) -> None:
-    """Latency of one batch, generated ``--num-iters`` times."""
+    """Latency of one batch, generated ``--num-iters`` times (sampled at ``--temperature``,
+    1.0 by default as ``vllm bench latency`` samples; 0 for greedy)."""
     from engine.benchmarks.datasets import random_requests
     from engine.benchmarks.offline import run_latency
 

@@ -11,8 +11,10 @@ buffers; rows ``n .. b`` are padding that writes nothing (slot -1) and attends t
 
 The graph covers embedding to final norm. For batches of at most
 ``LOGITS_IN_GRAPH_MAX_BATCH`` (one GPU, no tensor parallelism) it also computes the logits
-and their argmax, so a greedy decode step is one graph launch and the sampler's greedy rows
-need no kernel of their own (``Sampler.plain_greedy``); larger batches compute logits
+and each row's token (``engine_sdk.layers.sampling.RowSampler``: the argmax for greedy
+rows, a sample at the row's temperature for the others, read from a static buffer), so a
+decode step of plain rows (greedy, or temperature alone) is one graph launch and the
+sampler runs no kernel of its own (``Sampler.plain_rows``); larger batches compute logits
 eagerly on the ``n`` real rows, so their graphs hold only small activations (a [512,
 vocab] float32 logits buffer per size would cost gigabytes). Only backends that declare
 ``supports_cuda_graphs`` (no host work inside ``forward``) are captured.
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from engine_sdk.interfaces.attention import AttentionBatch
+from engine_sdk.layers.sampling import RowSampler
 
 if TYPE_CHECKING:
     from engine.model_executor.inputs import StepInputs
@@ -76,6 +79,11 @@ class CudaGraphRunner:
         self.logits_max_batch = (
             LOGITS_IN_GRAPH_MAX_BATCH if runner.args.tensor_parallel_size == 1 else 0
         )
+        # Each logits row's temperature (0: greedy; padding rows stay 0) for the sampling
+        # launch inside the small graphs, rewritten only when the rows' values change.
+        self.temperatures = torch.zeros(max(self.logits_max_batch, 1), device=dev)
+        self._temperatures_set: list[float] = []
+        self.row_sampler: RowSampler | None = None  # made at the first warm-up with logits
         self.lora_context = runner.lora.context if runner.lora is not None else None
         self.pool: object | None = None
         self.model_forward = runner.model
@@ -106,7 +114,9 @@ class CudaGraphRunner:
         if bs > self.logits_max_batch:
             return hidden
         logits: torch.Tensor = runner.model.compute_logits(hidden)
-        return logits, logits.argmax(dim=-1)
+        if self.row_sampler is None:  # a warm-up (outside capture): its buffers stay put
+            self.row_sampler = RowSampler(self.logits_max_batch, logits.shape[1], self.device)
+        return logits, self.row_sampler(logits, self.temperatures[:bs])
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -170,6 +180,8 @@ class CudaGraphRunner:
         if bs > n:
             self.slot_mapping[n:bs].fill_(-1)
             self.seq_lens[n:bs].zero_()
+        if bs <= self.logits_max_batch:
+            self._set_temperatures(inputs, bs)
         lora = inputs.lora_active
         if lora and bs > n:
             assert self.lora_context is not None
@@ -181,7 +193,19 @@ class CudaGraphRunner:
             return GraphStep(out[0][:n], out[1][:n])
         return GraphStep(self.runner.model.compute_logits(out[:n]), None)
 
+    def _set_temperatures(self, inputs: StepInputs, bs: int) -> None:
+        values = [
+            0.0 if p.greedy else float(p.temperature)
+            for p in (sr.request.sampling_params for sr in inputs.sample_requests)
+        ]
+        values += [0.0] * (bs - len(values))
+        if values != self._temperatures_set[:bs]:
+            self.temperatures[:bs].copy_(torch.tensor(values), non_blocking=True)
+            self._temperatures_set[:bs] = values
+
 
 class GraphStep(NamedTuple):
     logits: torch.Tensor  # float32 [num_seqs, vocab]
-    argmax: torch.Tensor | None  # long [num_seqs] (ties: lowest id), when the graph has it
+    # long [num_seqs], when the graph has them: greedy rows' argmax (ties: lowest id),
+    # other rows a sample at their temperature alone (valid for Sampler.plain_rows batches)
+    argmax: torch.Tensor | None

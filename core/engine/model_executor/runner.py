@@ -338,8 +338,9 @@ class ModelRunner:
         self, logits: torch.Tensor, inputs: StepInputs, greedy_ids: torch.Tensor | None = None
     ) -> DeviceSample:
         """Sample one token per sampling request from the rows after the prompt rows.
-        ``greedy_ids``: the argmax of ``logits`` already computed (the decode graph's),
-        used when every row is plain greedy (``Sampler.plain_greedy``)."""
+        ``greedy_ids``: the tokens the decode graph already drew from ``logits`` (greedy
+        rows: the argmax; others: by temperature alone), used when every row is plain
+        (``Sampler.plain_rows``)."""
         requests = inputs.sample_requests
         batch = SamplingBatch(
             params=[sr.request.sampling_params for sr in requests],
@@ -350,7 +351,7 @@ class ModelRunner:
                 requests, logits.shape[1], logits.device
             ),
         )
-        if greedy_ids is not None and self.sampler.plain_greedy(batch):
+        if greedy_ids is not None and self.sampler.plain_rows(batch, logits.shape[1]):
             return self.sampler.greedy_sample(greedy_ids, batch)
         return self.sampler.sample_on_device(logits[inputs.num_prompt_rows :], batch)
 

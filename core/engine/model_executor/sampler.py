@@ -104,8 +104,27 @@ class Sampler:
             self._needs_processing(batch)
         )
 
+    def plain_rows(self, batch: SamplingBatch, vocab_size: int) -> bool:
+        """Whether every row's token is the decode graph's (``engine_sdk.layers.sampling``):
+        ``plain_greedy`` rows, and random rows that only scale by a temperature (no
+        top-k/top-p/min-p, no seed: the graph's noise is not the request's generator), with
+        no logprobs and nothing that changes the logits."""
+        if any(self._needs_processing(batch)):
+            return False
+        for p, generator in zip(batch.params, batch.generators, strict=True):
+            if p.logprobs is not None:
+                return False
+            if p.greedy:
+                continue
+            if generator is not None or p.top_p < 1.0 or p.min_p > 0.0:
+                return False
+            if 0 < p.top_k < vocab_size:
+                return False
+        return True
+
     def greedy_sample(self, token_ids: torch.Tensor, batch: SamplingBatch) -> DeviceSample:
-        """The sample of a ``plain_greedy`` batch whose argmax is already computed."""
+        """The sample of a ``plain_greedy`` (or ``plain_rows``) batch whose tokens are
+        already computed (the decode graph's)."""
         return DeviceSample(token_ids, batch.params, [], HostCopy([token_ids]))
 
     def sample_on_device(self, logits: torch.Tensor, batch: SamplingBatch) -> DeviceSample:
