@@ -12,7 +12,9 @@
 #            with each change off and on; W2 now samples at temperature 1.0 by default, as
 #            vllm bench latency does (round 8 and before: greedy), so greedy is timed too
 #   decode   W2 and the Llama-8B shape at batch 1 (side_by_side.py --engine-only), LoRA
-#            batch-1 decode with an adapter and W1 over 4 adapters (lora_gpu.py --quick)
+#            batch-1 decode with an adapter and W1 over 4 adapters (lora_gpu.py --quick),
+#            then batch-1 LoRA decode with ENGINE_LORA_SHRINK_IN_GEMV=1 (no shrink launch;
+#            make it the default if it passed `check` and is faster)
 #   compile  W2 with ENGINE_TORCH_COMPILE=1 against 0 (issue 14 item 2: not yet measured)
 set -uo pipefail
 MODE="${1:?check, decode or compile}"
@@ -28,7 +30,12 @@ source benchmarks/device_install.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$MODE" = check ]; then
     py 240 -m pytest -q -x -p no:cacheprovider plugins/triton/tests tests/fused \
-        tests/lora/test_lora_cuda.py tests/model/test_decode_graph_cuda.py 2>&1 | tail -8
+        tests/lora/test_lora_cuda.py tests/model/test_decode_graph_cuda.py -k "not inside" \
+        2>&1 | tail -8
+    # the LoRA shrink inside the GEMV's launch spins on a counter: alone, with a short
+    # timeout, so a hang (if the GPU broke the forward-progress assumption) costs 60 s
+    py 60 -m pytest -q -x -p no:cacheprovider tests/fused/test_lora_gemv_epilogue.py \
+        -k inside 2>&1 | tail -3
     w2 base
     w2 greedy --temperature 0
     ENGINE_TRITON_SPLIT_MERGE=0 w2 two_launch_merge
@@ -39,6 +46,8 @@ elif [ "$MODE" = decode ]; then
         --out "$OUT/engine_w2_8b.json" 2>&1 | tail -3
     py 250 benchmarks/lora_gpu.py --quick --parts decode,w1 --out "$OUT/lora_gpu.json" \
         2>&1 | tail -20
+    ENGINE_LORA_SHRINK_IN_GEMV=1 py 120 benchmarks/lora_gpu.py --quick --parts decode \
+        --out "$OUT/lora_gpu_shrink_in_gemv.json" 2>&1 | tail -8
 else
     w2 compile0
     ENGINE_TORCH_COMPILE=1 w2 compile1

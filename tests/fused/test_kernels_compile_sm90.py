@@ -11,20 +11,29 @@ _LORA_TYPES = {"lp_ptr": "*fp32", "slots_ptr": "*i32", "starts_ptr": "*i32", "ep
 
 
 @pytest.mark.parametrize(
-    "kernel,block_k,slices,parts",
+    "kernel,block_k,slices,parts,shrink",
     [
-        ("gemv_kernel", 2048, 1, 16),  # o_proj: 16 parts of K 2048
-        ("gemv_kernel", 2048, 1, 1),  # (one part)
-        ("gemv_add_rms_norm_kernel", 1024, 3, 8),  # q/k/v after the fused norm
+        ("gemv_kernel", 2048, 1, 16, False),  # o_proj: 16 parts of K 2048
+        ("gemv_kernel", 2048, 1, 1, False),  # (one part)
+        ("gemv_add_rms_norm_kernel", 1024, 3, 8, False),  # q/k/v after the fused norm
+        ("gemv_kernel", 2048, 1, 4, True),  # o_proj, the shrink inside the launch
+        ("gemv_add_rms_norm_kernel", 1024, 3, 2, True),  # q/k/v, the same
     ],
 )
-def test_gemv_with_the_lora_epilogue(kernel: str, block_k: int, slices: int, parts: int) -> None:
+def test_gemv_with_the_lora_epilogue(
+    kernel: str, block_k: int, slices: int, parts: int, shrink: bool
+) -> None:
     constants = {
         "HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 2, "BLOCK_K": block_k, "LORA": True,
-        "NUM_SLICES": slices, "BLOCK_R": 16, "BLOCK_P": parts,
+        "NUM_SLICES": slices, "BLOCK_R": 16, "BLOCK_P": parts, "SHRINK": shrink,
+        "SHRINK_K": 256,
     }  # fmt: skip
-    report = compile_for_gpu("engine_sdk.layers._gemv_kernels", kernel, constants, _LORA_TYPES)
+    types = {**_LORA_TYPES, "flag_ptr": "*i32"}
+    report = compile_for_gpu("engine_sdk.layers._gemv_kernels", kernel, constants, types)
     assert report["cubin_bytes"] > 0
+    # the shrink programs announce (release) and the GEMV programs wait (an acquire load)
+    ptx = report["ptx"]
+    assert ("gpu.release.add" in ptx and "ld.global.gpu.acquire" in ptx) == shrink
 
 
 def test_lora_shrink_and_expand_kernels() -> None:

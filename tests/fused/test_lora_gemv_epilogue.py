@@ -200,11 +200,25 @@ def test_linear_runs_one_gemv_with_the_epilogue_at_decode(monkeypatch):
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the SDK's dense test attention runs on the CPU")
-def test_decoder_with_adapters_takes_the_fused_kernels_at_decode(monkeypatch, tmp_path):
+@pytest.mark.parametrize("in_gemv", [False, True], ids=["shrink_launches", "shrink_in_gemv"])
+def test_decoder_with_adapters_takes_the_fused_kernels_at_decode(monkeypatch, tmp_path, in_gemv):
     """One token with an adapter through a tiny bf16 Qwen3: q/k/v and gate/up run the
     norm GEMV with the epilogue, o and down the plain GEMV with it, and the logits equal
-    the unfused path (library GEMMs and the reference LoRA) and differ from the base's."""
+    the unfused path (library GEMMs and the reference LoRA) and differ from the base's.
+    With ``ENGINE_LORA_SHRINK_IN_GEMV=1`` no shrink runs as a launch of its own (down's
+    is in the activation's kernel, the others inside their GEMVs)."""
     from tiny_decoder import tiny_bf16_qwen3
+
+    monkeypatch.setenv("ENGINE_LORA_SHRINK_IN_GEMV", "1" if in_gemv else "0")
+    shrink_launches = []
+    for name in ("lora_shrink_triton", "lora_shrink_add_rms_norm_triton"):
+        original = getattr(lora, name)
+
+        def counted(*args, _original=original, **kwargs):
+            shrink_launches.append(1)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(lora, name, counted)
 
     model, logits = tiny_bf16_qwen3(tmp_path, DEVICE)
     context = LoRAContext(8, DEVICE)
@@ -249,6 +263,8 @@ def test_decoder_with_adapters_takes_the_fused_kernels_at_decode(monkeypatch, tm
         "gemv_epilogue": 2 * num_layers + 1,
         "silu_shrink": num_layers,
     }
+    # one shrink launch per q/k/v, o and gate/up projection, or none
+    assert len(shrink_launches) == (0 if in_gemv else 3 * num_layers)
     monkeypatch.setenv("ENGINE_GEMV", "0")
     monkeypatch.setenv("ENGINE_LORA_KERNELS", "0")
     lora._kernels.cache_clear()
@@ -257,3 +273,65 @@ def test_decoder_with_adapters_takes_the_fused_kernels_at_decode(monkeypatch, tm
     context.active = False
     base = logits()
     assert (base - unfused).abs().max() > 0.2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "add_rms_norm"])
+@pytest.mark.parametrize(
+    "rows,k,sizes,rank,row_slots",
+    [
+        (1, 1200, (48, 16, 16), 16, [1]),  # 3 rank blocks x 3 parts of K (512, 512, 176)
+        (3, 300, (40,), 8, [0, -1, 2]),  # one slice, a rank below a block, a base row
+        (4, 256, (24, 24), 16, [-1, -1, -1, -1]),  # no adapter row: the GEMV unchanged
+    ],
+)
+def test_shrink_inside_the_gemv_launch(rows, k, sizes, rank, row_slots, norm, dtype):
+    """``LoRALayer.epilogue_in_gemv``: the GEMV's first programs compute the shrink that
+    its other programs' epilogues add (no launch before the GEMV); the outputs are those
+    of the shrink launched first, and the layer's counters are back at zero after each
+    launch, so the next one (or a graph replay) starts clean."""
+    from engine_sdk.layers import fused_ops
+
+    gen = torch.Generator().manual_seed(rows * 13 + k)
+    n = sum(sizes)
+    context = LoRAContext(8, DEVICE)
+    layer = LoRALayer(context, 3, rank, k, sizes, dtype, DEVICE)
+    a, b = _adapters(gen, 3, k, sizes, rank, dtype)
+    layer.lora_a.copy_(a)
+    layer.lora_b.copy_(b)
+    context.active = True
+    context.token_slots[:rows] = torch.tensor(row_slots, dtype=torch.int32)
+    x = (torch.randn(rows, k, generator=gen) * 2).to(dtype).to(DEVICE)
+    residual = torch.randn(rows, k, generator=gen).to(dtype).to(DEVICE)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype).to(DEVICE)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).to(DEVICE)
+
+    in_gemv = layer.epilogue_in_gemv(x)
+    assert in_gemv.shrink is not None
+    assert in_gemv.shrink.num_programs == -(-len(sizes) * rank // 16) * in_gemv.parts.shape[0]
+    for _ in range(2):
+        if norm:
+            got, got_res = gemv.gemv_add_rms_norm(x, residual, norm_w, 1e-6, w, None, in_gemv)
+            normed, want_res = fused_ops.add_rms_norm(x, residual, norm_w, 1e-6)
+            assert torch.equal(got_res, want_res)
+            before = lora.lora_shrink_add_rms_norm_triton(
+                x, residual, norm_w, 1e-6, a, layer.context.token_slots[:rows]
+            )
+        else:
+            got = gemv.gemv(x, w, None, lora=in_gemv)
+            normed = x
+            before = lora.lora_shrink_triton(
+                x, a, layer.context.token_slots[:rows], blocked=False, parts=True
+            )
+        assert not layer.gemv_flags.any()  # both counters back at zero
+        slots = layer.context.token_slots[:rows]
+        h = lora.lora_shrink_reference(normed, a, slots)
+        torch.testing.assert_close(in_gemv.parts.sum(0), h, atol=2e-3, rtol=2e-3)
+        torch.testing.assert_close(in_gemv.parts.sum(0), before.sum(0), atol=2e-3, rtol=2e-3)
+        base = normed.float() @ w.float().T
+        want = base + _expanded(torch.zeros_like(base), h, b, slots, layer.slices)
+        tol = 4 * torch.finfo(dtype).eps * (normed.float().abs() @ w.float().abs().T) + 0.02
+        assert bool(((got.float() - want).abs() <= tol).all()), (got.float() - want).abs().max()
+        adapter_rows = [i for i, s in enumerate(row_slots) if s >= 0]
+        if adapter_rows:
+            assert (want - base)[adapter_rows].abs().max() > 10 * tol.max()

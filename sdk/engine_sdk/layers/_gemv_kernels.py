@@ -21,6 +21,7 @@ def gemv_kernel(
     stride_om,
     lp_ptr, lb_ptr, slots_ptr, starts_ptr,
     R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
+    la_ptr, flag_ptr, NUM_SHRINK, NUM_RB, K_PER_PART, stride_las, stride_lar,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -29,12 +30,25 @@ def gemv_kernel(
     NUM_SLICES: tl.constexpr = 1,
     BLOCK_R: tl.constexpr = 16,
     BLOCK_P: tl.constexpr = 1,
+    SHRINK: tl.constexpr = False,
+    SHRINK_K: tl.constexpr = 256,
 ):  # fmt: skip
     """``out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n])`` for ``BLOCK_N`` weight rows per
     program: each weight tile is loaded once and used by all ``M <= BLOCK_M`` rows of
     ``x``; float32 accumulation, one rounding at the store. With ``LORA`` the epilogue
-    adds each row's adapter delta (``_lora_delta``)."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    adds each row's adapter delta (``_lora_delta``); with ``SHRINK`` the first
+    ``NUM_SHRINK`` programs compute the shrink those epilogues read (``_shrink_program``)."""
+    pid = tl.program_id(0)
+    if SHRINK:
+        if pid < NUM_SHRINK:
+            _shrink_program(
+                pid, x_ptr, x_ptr, x_ptr, 0.0, out_ptr, M, K, stride_xm, 0,
+                la_ptr, lp_ptr, slots_ptr, flag_ptr, NUM_SLICES * R, NUM_RB, K_PER_PART,
+                stride_las, stride_lar, stride_lpp, stride_lpt, BLOCK_M, False, 16, SHRINK_K,
+            )  # fmt: skip
+            return
+        pid -= NUM_SHRINK
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     n_ok = offs_n < N
@@ -49,12 +63,16 @@ def gemv_kernel(
             part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
             acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
     if LORA:
+        if SHRINK:
+            _wait_for_shrink(flag_ptr, NUM_SHRINK)
         acc = _lora_delta(
             acc, offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
             R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
-            BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P,
+            BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P, ".cg" if SHRINK else "",
         )  # fmt: skip
     _store_rows(acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS)
+    if SHRINK:
+        _finish_shrink(flag_ptr, tl.cdiv(N, BLOCK_N))
 
 
 @triton.jit
@@ -64,16 +82,28 @@ def gemv_add_rms_norm_kernel(
     stride_xm, stride_rm, stride_wn, stride_om, stride_sm,
     lp_ptr, lb_ptr, slots_ptr, starts_ptr,
     R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
+    la_ptr, flag_ptr, NUM_SHRINK, NUM_RB, K_PER_PART, stride_las, stride_lar,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, LORA: tl.constexpr = False, NUM_SLICES: tl.constexpr = 1,
-    BLOCK_R: tl.constexpr = 16, BLOCK_P: tl.constexpr = 1,
+    BLOCK_R: tl.constexpr = 16, BLOCK_P: tl.constexpr = 1, SHRINK: tl.constexpr = False,
+    SHRINK_K: tl.constexpr = 256,
 ):  # fmt: skip
     """``gemv_kernel`` over ``rms_norm(x + r) * nw`` for a whole row in one tile
     (``K <= BLOCK_K``): each program forms the sum and its norm itself (a row is a few KB,
     read from L2) and program 0 stores the sum, the new residual. The roundings are those
     of ``add_rms_norm_kernel``: the sum to the dtype, the normalized value to the dtype,
-    then times the weight, rounded."""
+    then times the weight, rounded. ``SHRINK``: as in ``gemv_kernel``, over the
+    normalized rows."""
     pid = tl.program_id(0)
+    if SHRINK:
+        if pid < NUM_SHRINK:
+            _shrink_program(
+                pid, x_ptr, r_ptr, nw_ptr, eps, out_ptr, M, K, stride_xm, stride_rm,
+                la_ptr, lp_ptr, slots_ptr, flag_ptr, NUM_SLICES * R, NUM_RB, K_PER_PART,
+                stride_las, stride_lar, stride_lpp, stride_lpt, BLOCK_M, True, BLOCK_K, SHRINK_K,
+            )  # fmt: skip
+            return
+        pid -= NUM_SHRINK
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -99,12 +129,16 @@ def gemv_add_rms_norm_kernel(
         part = tl.sum(w * h[None, :], axis=1)
         acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
     if LORA:
+        if SHRINK:
+            _wait_for_shrink(flag_ptr, NUM_SHRINK)
         acc = _lora_delta(
             acc, offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
             R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
-            BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P,
+            BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P, ".cg" if SHRINK else "",
         )  # fmt: skip
     _store_rows(acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS)
+    if SHRINK:
+        _finish_shrink(flag_ptr, tl.cdiv(N, BLOCK_N))
 
 
 @triton.jit
@@ -112,7 +146,7 @@ def _lora_delta(
     acc, offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
     R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SLICES: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, CACHE: tl.constexpr = "",
 ):  # fmt: skip
     """``acc[m, n] += h[m, slice(n)] @ B[slot_m, n, :R]``: the LoRA expand of this
     program's columns, in float32 before the one rounding. ``h`` is the sum of the
@@ -136,7 +170,8 @@ def _lora_delta(
         row = lp_ptr + offs_p[:, None] * stride_lpp + m * stride_lpt + offs_r[None, :]
         h = tl.zeros((BLOCK_N, BLOCK_R), dtype=tl.float32)
         for i in tl.static_range(NUM_SLICES):
-            hs = tl.sum(tl.load(row + i * R, mask=pr_ok & (slot >= 0), other=0.0), axis=0)
+            hs = tl.load(row + i * R, mask=pr_ok & (slot >= 0), other=0.0, cache_modifier=CACHE)
+            hs = tl.sum(hs, axis=0)
             h = tl.where((s == i)[:, None], hs[None, :], h)
         ok = n_ok[:, None] & r_ok[None, :] & (slot >= 0)
         b = tl.load(
@@ -150,6 +185,84 @@ def _lora_delta(
         delta = tl.sum(b * h, axis=1)
         acc = tl.where(offs_m[:, None] == m, acc + delta[None, :], acc)
     return acc
+
+
+@triton.jit
+def _shrink_program(
+    q, x_ptr, r_ptr, nw_ptr, eps, out_ptr, M, K, stride_xm, stride_rm,
+    la_ptr, lp_ptr, slots_ptr, flag_ptr, RS, NUM_RB, K_PER_PART,
+    stride_las, stride_lar, stride_lpp, stride_lpt,
+    BLOCK_M: tl.constexpr, NORM: tl.constexpr, ROW_K: tl.constexpr, SHRINK_K: tl.constexpr,
+):  # fmt: skip
+    """Shrink program ``q`` of a GEMV launch: rank rows ``16 * (q % NUM_RB) ..`` of each
+    row's adapter ``A [slot, RS, K]`` over part ``q // NUM_RB`` of K (``K_PER_PART``) into
+    ``lp [P, M, RS]`` (zeros for rows without an adapter), then one arrival on
+    ``flag_ptr[0]`` (release) that the GEMV programs wait for (``_wait_for_shrink``).
+    With ``NORM`` the input is ``rms_norm(x + r) * nw`` with the fused GEMV's roundings
+    (the row's sum of squares from one ``ROW_K`` load)."""
+    dt = out_ptr.dtype.element_ty
+    rb = q % NUM_RB
+    part = q // NUM_RB
+    offs_r = rb * 16 + tl.arange(0, 16)
+    r_ok = offs_r < RS
+    k_start = part * K_PER_PART
+    k_end = tl.minimum(k_start + K_PER_PART, K)
+    for m in tl.static_range(BLOCK_M):
+        slot = tl.load(slots_ptr + m, mask=m < M, other=-1)
+        use = (slot >= 0) & (m < M)
+        inv = 0.0
+        if NORM:
+            offs_row = tl.arange(0, ROW_K)
+            row_ok = (offs_row < K) & use
+            x_row = tl.load(x_ptr + m * stride_xm + offs_row, mask=row_ok, other=0.0)
+            r_row = tl.load(r_ptr + m * stride_rm + offs_row, mask=row_ok, other=0.0)
+            s_row = (x_row.to(tl.float32) + r_row.to(tl.float32)).to(dt).to(tl.float32)
+            inv = tl.rsqrt(tl.sum(s_row * s_row, 0) / K + eps)
+        a_base = la_ptr + tl.maximum(slot, 0).to(tl.int64) * stride_las
+        acc = tl.zeros((16, SHRINK_K), dtype=tl.float32)
+        for k0 in range(k_start, k_end, SHRINK_K):
+            offs_k = k0 + tl.arange(0, SHRINK_K)
+            k_ok = (offs_k < k_end) & use
+            h = tl.load(x_ptr + m * stride_xm + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            if NORM:
+                rv = tl.load(r_ptr + m * stride_rm + offs_k, mask=k_ok, other=0.0)
+                sv = (h + rv.to(tl.float32)).to(dt).to(tl.float32)
+                nv = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+                h = ((sv * inv).to(dt).to(tl.float32) * nv).to(dt).to(tl.float32)
+            a = tl.load(
+                a_base + offs_r[:, None] * stride_lar + offs_k[None, :],
+                mask=r_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            acc += a * h[None, :]
+        tl.store(
+            lp_ptr + part * stride_lpp + m * stride_lpt + offs_r, tl.sum(acc, 1),
+            mask=r_ok & (m < M),
+        )  # fmt: skip
+    # Every thread's part is written before one thread announces it (release).
+    tl.debug_barrier()
+    tl.atomic_add(flag_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _wait_for_shrink(flag_ptr, NUM_SHRINK):
+    """Spin until the launch's ``NUM_SHRINK`` shrink programs have all arrived (acquire).
+    They are the lowest program ids, dispatched before any GEMV program that waits, and
+    wait for nothing themselves, so the wait ends (the forward-progress assumption of
+    split-K semaphores and stream-K GEMMs)."""
+    arrived = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
+    while arrived < NUM_SHRINK:
+        arrived = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def _finish_shrink(flag_ptr, NUM_TILES):
+    """The last GEMV program of the launch (``flag_ptr[1]`` counts them; every one has
+    passed its wait) puts both counters back to zero for the next launch or graph replay."""
+    done = tl.atomic_add(flag_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if done == NUM_TILES - 1:
+        tl.atomic_xchg(flag_ptr, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(flag_ptr + 1, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit

@@ -41,6 +41,7 @@ import torch
 
 __all__ = [
     "MAX_ROWS",
+    "GemvShrink",
     "LoRAEpilogue",
     "NORM_MAX_K",
     "gemv",
@@ -109,6 +110,24 @@ def _runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+class GemvShrink(NamedTuple):
+    """A LoRA shrink inside the GEMV's own launch (``lora.LoRALayer.epilogue_in_gemv``):
+    its first ``num_rank_blocks * num_parts`` programs write the shrink into the
+    epilogue's ``parts`` (16 rank rows and ``k_per_part`` inputs each) while the others
+    read their weights, and wait for them only before the epilogue. ``flags`` (int32
+    ``[2]``, the layer's own) are zero between launches."""
+
+    lora_a: torch.Tensor  # [slots, S*R, K]
+    flags: torch.Tensor
+    num_rank_blocks: int
+    num_parts: int
+    k_per_part: int
+
+    @property
+    def num_programs(self) -> int:
+        return self.num_rank_blocks * self.num_parts
+
+
 class LoRAEpilogue(NamedTuple):
     """A LoRA expand for a GEMV's epilogue: ``out[m, n] += h[m, slice(n)] @ B[slot_m, n]``
     in float32 before the one rounding, so an adapter costs the shrink's launch only
@@ -121,14 +140,26 @@ class LoRAEpilogue(NamedTuple):
     slots: torch.Tensor
     starts: torch.Tensor
     num_slices: int
+    shrink: GemvShrink | None = None  # None: the shrink ran before (``parts`` hold it)
 
     def args(self) -> tuple[object, ...]:
         """The kernels' LoRA arguments, in their order."""
-        parts, b = self.parts, self.lora_b
+        parts, b, shrink = self.parts, self.lora_b, self.shrink
+        shrink_args: tuple[object, ...] = (parts, parts, 0, 1, 0, 0, 0)
+        if shrink is not None:
+            a = shrink.lora_a
+            shrink_args = (
+                a, shrink.flags, shrink.num_programs, shrink.num_rank_blocks,
+                shrink.k_per_part, a.stride(0), a.stride(1),
+            )  # fmt: skip
         return (
             parts, b, self.slots, self.starts, b.shape[2], parts.shape[0],
-            parts.stride(0), parts.stride(1), b.stride(0), b.stride(1),
+            parts.stride(0), parts.stride(1), b.stride(0), b.stride(1), *shrink_args,
         )  # fmt: skip
+
+    @property
+    def extra_programs(self) -> int:
+        return 0 if self.shrink is None else self.shrink.num_programs
 
     def constants(self) -> dict[str, object]:
         rank = self.lora_b.shape[2]
@@ -137,6 +168,7 @@ class LoRAEpilogue(NamedTuple):
             "NUM_SLICES": self.num_slices,
             "BLOCK_R": max(16, 1 << (rank - 1).bit_length()),
             "BLOCK_P": 1 << (self.parts.shape[0] - 1).bit_length(),
+            "SHRINK": self.shrink is not None,
         }
 
 
@@ -144,7 +176,7 @@ def _lora_args(
     lora: LoRAEpilogue | None, weight: torch.Tensor
 ) -> tuple[tuple[object, ...], dict[str, object]]:
     if lora is None:  # the pointers are never read (LORA off): any tensor does
-        return (weight, weight, weight, weight, 0, 0, 0, 0, 0, 0), {}
+        return (weight, weight, weight, weight, 0, 0, 0, 0, 0, 0, weight, weight, 0, 1, 0, 0, 0), {}
     assert lora.parts.stride(-1) == 1 and lora.lora_b.stride(-1) == 1
     return lora.args(), lora.constants()
 
@@ -181,7 +213,8 @@ def gemv(
     block_n, block_k, warps = tiles or pick_tiles(n, k)
     block_m = max(1, 1 << (num_rows - 1).bit_length())
     lora_args, lora_constants = _lora_args(lora, weight)
-    kernel[(-(-n // block_n),)](  # type: ignore[index]
+    extra = 0 if lora is None else lora.extra_programs
+    kernel[(-(-n // block_n) + extra,)](  # type: ignore[index]
         x, weight, bias if bias is not None else weight, out, num_rows, n, k,
         x.stride(0), weight.stride(0), out.stride(0), *lora_args,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
@@ -210,7 +243,8 @@ def gemv_add_rms_norm(
     block_k = max(16, 1 << (k - 1).bit_length())
     block_m = max(1, 1 << (num_rows - 1).bit_length())
     lora_args, lora_constants = _lora_args(lora, weight)
-    _norm_kernel()[(-(-n // 2),)](  # type: ignore[index]
+    extra = 0 if lora is None else lora.extra_programs
+    _norm_kernel()[(-(-n // 2) + extra,)](  # type: ignore[index]
         x, residual, norm_weight, weight, bias if bias is not None else weight, out, new_residual,
         num_rows, n, k, eps,
         x.stride(0), residual.stride(0), weight.stride(0), out.stride(0), new_residual.stride(0),

@@ -16,6 +16,7 @@ import torch
 
 from engine_sdk.interfaces.quantization import QuantizationMethod
 from engine_sdk.layers import gemv
+from engine_sdk.layers.lora import shrink_in_gemv
 
 if TYPE_CHECKING:
     from engine_sdk.interfaces.quantization import QuantizationConfig
@@ -126,8 +127,10 @@ class Linear(torch.nn.Module):
             and gemv.use_gemv(x, weight)
             and lora.fuses_into_gemv(x)
         ):
-            # decode: the expand rides in the GEMV's epilogue (one launch for the adapter)
-            return gemv.gemv(x, weight, self.bias, lora=lora.epilogue(x))
+            # decode: the expand rides in the GEMV's epilogue (one launch for the adapter,
+            # none with the shrink inside the GEMV's launch)
+            epilogue = lora.epilogue_in_gemv(x) if shrink_in_gemv() else lora.epilogue(x)
+            return gemv.gemv(x, weight, self.bias, lora=epilogue)
         return lora.apply(x, self.quant_method.apply(self, x, self.bias))
 
     @property
@@ -149,7 +152,10 @@ class Linear(torch.nn.Module):
         weight: torch.Tensor = self.weight  # type: ignore[assignment]
         if not gemv.use_gemv_add_rms_norm(x, residual, weight) or not lora.fuses_into_gemv(x):
             return None
-        epilogue = lora.epilogue_add_rms_norm(x, residual, norm_weight, eps)
+        if shrink_in_gemv():
+            epilogue = lora.epilogue_in_gemv(x)
+        else:
+            epilogue = lora.epilogue_add_rms_norm(x, residual, norm_weight, eps)
         return gemv.gemv_add_rms_norm(x, residual, norm_weight, eps, weight, self.bias, epilogue)
 
     def lora_silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:

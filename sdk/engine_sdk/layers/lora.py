@@ -113,6 +113,9 @@ class LoRALayer:
         )
         self.lora_b = torch.zeros(num_slots, output_size, max_rank, dtype=dtype, device=device)
         self.slices = LoRASlices(self.slice_sizes, device)
+        # The counters of the shrink inside the GEMV's launch (epilogue_in_gemv): zero
+        # between launches, one pair per layer for the model's lifetime.
+        self.gemv_flags = torch.zeros(2, dtype=torch.int32, device=device)
 
     @property
     def num_slots(self) -> int:
@@ -165,6 +168,23 @@ class LoRALayer:
         parts = lora_shrink_add_rms_norm_triton(x, residual, norm_weight, eps, self.lora_a, slots)
         return self._epilogue(parts, slots)
 
+    def epilogue_in_gemv(self, x: torch.Tensor) -> LoRAEpilogue:
+        """``epilogue`` with the shrink inside the GEMV's own launch (``gemv.GemvShrink``):
+        no launch for the adapter at all. The GEMV (plain or with the add+RMSNorm) runs
+        it over its own input, so the same epilogue serves both."""
+        from engine_sdk.layers.gemv import GemvShrink, LoRAEpilogue
+
+        num_rows, k = x.shape
+        rows = self.lora_a.shape[1]
+        k_per_part = max(SHRINK_IN_GEMV_K, -(-k // (16 * 256)) * 256)  # at most 16 parts
+        num_parts = -(-k // k_per_part)
+        parts = torch.empty(num_parts, num_rows, rows, dtype=torch.float32, device=x.device)
+        shrink = GemvShrink(self.lora_a, self.gemv_flags, -(-rows // 16), num_parts, k_per_part)
+        slots = self.context.token_slots[:num_rows]
+        return LoRAEpilogue(
+            parts, self.lora_b, slots, self.slices.starts, self.slices.num_slices, shrink
+        )
+
     def epilogue_silu_and_mul(self, gate_up: torch.Tensor) -> tuple[torch.Tensor, LoRAEpilogue]:
         """``silu(gate) * up`` of ``gate_up`` and ``epilogue`` of it, from one launch that
         computes the activation and the shrink together (the down projection)."""
@@ -213,6 +233,16 @@ def _kernels() -> object | None:
 def _forced() -> bool:
     """``ENGINE_LORA_KERNELS=force``: the Triton kernels on the CPU too (the interpreter)."""
     return os.environ.get("ENGINE_LORA_KERNELS") == "force"
+
+
+# The shrink inside the GEMV's launch (``LoRALayer.epilogue_in_gemv``), instead of a
+# launch before it: ``ENGINE_LORA_SHRINK_IN_GEMV=1``. Off by default until timed on a GPU
+# (its GEMV programs wait on the shrink programs of the same launch; see _gemv_kernels).
+SHRINK_IN_GEMV_K = 512  # inputs of one shrink program (fewer programs past 16 parts)
+
+
+def shrink_in_gemv() -> bool:
+    return os.environ.get("ENGINE_LORA_SHRINK_IN_GEMV", "0") == "1"
 
 
 def _use_kernels(x: torch.Tensor) -> bool:
