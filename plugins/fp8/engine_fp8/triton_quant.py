@@ -72,6 +72,10 @@ def _quantize_kernel(
 ):
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_x
+    # float32 whatever the caller passes (torch.compile hands Python floats as float64,
+    # for which there is neither div_rn nor a conversion to fp8)
+    fp8_max = tl.full([], fp8_max, tl.float32)
+    min_scale = tl.full([], min_scale, tl.float32)
     if MODE == 0:
         scale = tl.load(scale_in_ptr)
     else:

@@ -95,19 +95,6 @@ def test_fp8_gemv_kernel(case: str) -> None:
 
 # -- activation quantization (engine_fp8.triton_quant) ----------------------------------------
 
-_F64_TO_FP8 = (
-    "triton_quant.py:96-97: clamp(q, +-fp8_max) with a float64 fp8_max is float64; "
-    "ConvertTritonGPUToLLVM: Unsupported conversion from f64 to f8E4M3FN with rounding mode rtne"
-)
-_DIV_RN_F64 = (
-    "triton_quant.py:86: tl.math.div_rn(amax, fp8_max) with a float64 fp8_max: "
-    "Expected dtype ['fp32'] but got fp64"
-)
-
-
-def _xfail(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(raises=AssertionError, strict=True, reason=reason)
-
 
 def test_amax_kernel() -> None:
     """The tensor maximum of a large per-tensor quantization (Llama's K 4096: 8 warps)."""
@@ -125,11 +112,11 @@ def test_amax_kernel() -> None:
         (1, True, 4096, "fp32"),  # per token
         (2, False, 1024, "fp32"),  # per tensor from _amax_kernel's maximum
         (3, False, 4096, "fp32"),  # per tensor, every program reads the few rows
-        # fp8_max and min_scale as float64: the clamp against fp8_max promotes q to
-        # float64 (line 96), and there is no float64 -> e4m3 conversion (line 97) ...
-        pytest.param(0, False, 1024, "fp64", marks=_xfail(_F64_TO_FP8)),
-        # ... and tl.math.div_rn(amax, fp8_max) takes float32 only (line 86)
-        pytest.param(1, True, 1024, "fp64", marks=_xfail(_DIV_RN_F64)),
+        # fp8_max and min_scale as float64 (torch.compile passes Python floats so): the
+        # kernel casts them to float32 (without it: no float64 -> e4m3 conversion, and
+        # div_rn takes float32 only)
+        (0, False, 1024, "fp64"),
+        (1, True, 1024, "fp64"),
     ],
 )
 def test_quantize_kernel(mode: int, row_scales: bool, block: int, scalars: str) -> None:

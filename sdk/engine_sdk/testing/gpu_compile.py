@@ -15,7 +15,8 @@ interpreter functions::
     assert report["cubin_bytes"] > 0
 
 An argument's type is taken from ``types``, else ``pointer`` for names ending in
-``_ptr`` and ``i32`` for the rest; every name in ``constants`` is a ``constexpr``.
+``_ptr`` and ``i32`` for the rest; every name in ``constants`` is a ``constexpr``, and a
+``constexpr`` left out takes its default, as in a launch.
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ from triton.compiler import ASTSource
 
 spec = json.loads(sys.argv[1])
 kernel = getattr(importlib.import_module(spec["module"]), spec["kernel"])
-constants = spec["constants"]
+constants = dict(spec["constants"])
+for param in kernel.params:  # constexprs left out take their defaults, as in a launch
+    if param.is_constexpr and param.name not in constants and param.has_default:
+        constants[param.name] = param.default
 signature = {}
 for name in kernel.arg_names:
     if name in constants:
