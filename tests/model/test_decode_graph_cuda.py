@@ -31,20 +31,26 @@ def _prompts(n: int) -> list[dict[str, list[int]]]:
     ]
 
 
+def _count_graph_tokens(monkeypatch) -> list[int]:
+    """The batch sizes of the steps that took the graph's own tokens, as they run."""
+    calls: list[int] = []
+    original = Sampler.greedy_sample
+
+    def counting(self, token_ids, batch):
+        calls.append(len(batch))
+        return original(self, token_ids, batch)
+
+    monkeypatch.setattr(Sampler, "greedy_sample", counting)
+    return calls
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_graph_decode_matches_eager(tiny_qwen3: Path, dtype: str, monkeypatch) -> None:
     base = {"device": "cuda", "dtype": dtype, "kv_cache_memory_bytes": 1 << 28}
     eager = LLM(str(tiny_qwen3), enforce_eager=True, **base)
     graphs = LLM(str(tiny_qwen3), **base)
     assert graphs.engine.engine_core.runner.cuda_graphs is not None
-    greedy_calls = []
-    original = Sampler.greedy_sample
-
-    def counting(self, token_ids, batch):
-        greedy_calls.append(len(batch))
-        return original(self, token_ids, batch)
-
-    monkeypatch.setattr(Sampler, "greedy_sample", counting)
+    greedy_calls = _count_graph_tokens(monkeypatch)
     cases = {
         "greedy": SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
         "penalty": SamplingParams(
@@ -80,14 +86,7 @@ def test_graph_samples_temperature_rows(tiny_qwen3: Path, monkeypatch) -> None:
     base = {"device": "cuda", "dtype": "float32", "kv_cache_memory_bytes": 1 << 28}
     eager = LLM(str(tiny_qwen3), enforce_eager=True, **base)
     graphs = LLM(str(tiny_qwen3), **base)
-    calls = []
-    original = Sampler.greedy_sample
-
-    def counting(self, token_ids, batch):
-        calls.append(len(batch))
-        return original(self, token_ids, batch)
-
-    monkeypatch.setattr(Sampler, "greedy_sample", counting)
+    calls = _count_graph_tokens(monkeypatch)
     warm = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     prompts = _prompts(4)

@@ -151,19 +151,15 @@ class TritonAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,
         metadata: TritonMetadata,
     ) -> torch.Tensor:
-        cfg = self.config
-        batch = metadata.batch
-        num_tokens = query.shape[0]
-        k_cache, v_cache = kv_cache[0], kv_cache[1]
-        fp8 = kv_cache.dtype == torch.float8_e4m3fn
-        self._scales_on(query.device)
-        if num_tokens:
-            store_kv_kernel[(num_tokens,)](
+        if key.shape[0]:
+            self._scales_on(key.device)
+            k_cache, v_cache = kv_cache[0], kv_cache[1]
+            store_kv_kernel[(key.shape[0],)](
                 key,
                 value,
                 k_cache,
                 v_cache,
-                batch.slot_mapping,
+                metadata.batch.slot_mapping,
                 key.stride(0),
                 key.stride(1),
                 value.stride(0),
@@ -171,11 +167,11 @@ class TritonAttentionBackend(AttentionBackend):
                 k_cache.stride(1),
                 k_cache.stride(2),
                 self.kv_scales,
-                NUM_KV_HEADS=cfg.num_kv_heads,
+                NUM_KV_HEADS=self.config.num_kv_heads,
                 NUM_KV_HEADS_P=self.num_kv_heads_p,
-                HEAD_DIM=cfg.head_dim,
+                HEAD_DIM=self.config.head_dim,
                 HEAD_DIM_P=self.head_dim_p,
-                FP8=fp8,
+                FP8=kv_cache.dtype == torch.float8_e4m3fn,
             )
         return self.forward_stored(query, kv_cache, metadata)
 
