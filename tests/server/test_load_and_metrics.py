@@ -81,10 +81,12 @@ def test_stream_disconnect_frees_blocks(server: ServerProcess) -> None:
 
 def test_non_stream_disconnect_frees_blocks(server: ServerProcess) -> None:
     start = wait_idle(server)
-    body = {"model": "tiny", "prompt": "Hello", "max_tokens": 200, "ignore_eos": True}
+    # long enough that the client's 0.1 s timeout always cuts it (a tiny model on an idle
+    # CPU finished 200 tokens inside 0.3 s)
+    body = {"model": "tiny", "prompt": "Hello", "max_tokens": 250, "ignore_eos": True}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(
-            server.base_url + "/v1/completions", json=body, headers=server.headers, timeout=0.3
+            server.base_url + "/v1/completions", json=body, headers=server.headers, timeout=0.1
         )
     end = wait_idle(server)
     assert end["num_free_blocks"] == start["num_free_blocks"]
