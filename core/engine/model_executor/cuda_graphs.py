@@ -208,4 +208,4 @@ class GraphStep(NamedTuple):
     logits: torch.Tensor  # float32 [num_seqs, vocab]
     # long [num_seqs], when the graph has them: greedy rows' argmax (ties: lowest id),
     # other rows a sample at their temperature alone (valid for Sampler.plain_rows batches)
-    argmax: torch.Tensor | None
+    token_ids: torch.Tensor | None

@@ -284,9 +284,9 @@ class ModelRunner:
             inputs.input_ids.index_copy_(
                 0, inputs.placeholder_rows, self._prev_sampled[inputs.placeholder_sources]
             )
-        greedy_ids = None  # the decode graph's argmax of the logits, where it has one
+        graph_ids = None  # the decode graph's own tokens (argmax or temperature draw)
         if self.cuda_graphs is not None and self.cuda_graphs.can_run(inputs):
-            logits, greedy_ids = self.cuda_graphs.run(inputs)
+            logits, graph_ids = self.cuda_graphs.run(inputs)
         else:
             logits = self.run_model(inputs, self.kv_caches)
         self._prev_rows = {sr.req_id: i for i, sr in enumerate(inputs.sample_requests)}
@@ -297,16 +297,16 @@ class ModelRunner:
                 logits[first : first + count], rows.target_token_ids, rows.num_logprobs
             )
             prompt_logprobs.append((rows.req_id, rows.num_logprobs, packed))
-        step = PendingStep(self, inputs, logits, prompt_logprobs, greedy_ids)
+        step = PendingStep(self, inputs, logits, prompt_logprobs, graph_ids)
         if not defer_sampling:
             step.launch_sampling()
         return step
 
     @torch.inference_mode()
     def _launch_sampling(
-        self, inputs: StepInputs, logits: torch.Tensor, greedy_ids: torch.Tensor | None = None
+        self, inputs: StepInputs, logits: torch.Tensor, graph_ids: torch.Tensor | None = None
     ) -> DeviceSample | None:
-        sample = self.sample(logits, inputs, greedy_ids) if inputs.sample_requests else None
+        sample = self.sample(logits, inputs, graph_ids) if inputs.sample_requests else None
         self._prev_sampled = None if sample is None else sample.token_ids
         return sample
 
@@ -335,10 +335,10 @@ class ModelRunner:
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
     def sample(
-        self, logits: torch.Tensor, inputs: StepInputs, greedy_ids: torch.Tensor | None = None
+        self, logits: torch.Tensor, inputs: StepInputs, graph_ids: torch.Tensor | None = None
     ) -> DeviceSample:
         """Sample one token per sampling request from the rows after the prompt rows.
-        ``greedy_ids``: the tokens the decode graph already drew from ``logits`` (greedy
+        ``graph_ids``: the tokens the decode graph already drew from ``logits`` (greedy
         rows: the argmax; others: by temperature alone), used when every row is plain
         (``Sampler.plain_rows``)."""
         requests = inputs.sample_requests
@@ -351,8 +351,8 @@ class ModelRunner:
                 requests, logits.shape[1], logits.device
             ),
         )
-        if greedy_ids is not None and self.sampler.plain_rows(batch, logits.shape[1]):
-            return self.sampler.greedy_sample(greedy_ids, batch)
+        if graph_ids is not None and self.sampler.plain_rows(batch, logits.shape[1]):
+            return self.sampler.greedy_sample(graph_ids, batch)
         return self.sampler.sample_on_device(logits[inputs.num_prompt_rows :], batch)
 
     def _generator(self, sr: ScheduledRequest) -> torch.Generator | None:
@@ -390,12 +390,12 @@ class PendingStep:
         inputs: StepInputs | None,
         logits: torch.Tensor | None,
         prompt_logprobs: list[tuple[ReqId, int, torch.Tensor]],
-        greedy_ids: torch.Tensor | None = None,
+        graph_ids: torch.Tensor | None = None,
     ) -> None:
         self._runner = runner
         self._inputs = inputs
         self._logits = logits
-        self._greedy_ids = greedy_ids
+        self._graph_ids = graph_ids
         self._sample: DeviceSample | None = None
         self._sampled = inputs is None
         self._prompt_logprobs = prompt_logprobs
@@ -406,9 +406,9 @@ class PendingStep:
         if self._sampled:
             return
         assert self._inputs is not None and self._logits is not None
-        self._sample = self._runner._launch_sampling(self._inputs, self._logits, self._greedy_ids)
+        self._sample = self._runner._launch_sampling(self._inputs, self._logits, self._graph_ids)
         self._sampled = True
-        self._logits = self._greedy_ids = None
+        self._logits = self._graph_ids = None
 
     def result(self) -> ModelRunnerOutput:
         self.launch_sampling()
