@@ -114,30 +114,78 @@ def test_gemv_add_rms_norm_equals_norm_then_gemv(rows, n, k, bias, dtype):
     assert bool(((got.float() - want.float()).abs() <= tol + 1e-3).all())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "rows,inter,k,bias", [(1, 33, 70, False), (3, 24, 1030, True), (4, 9, 256, True)]
+)
+def test_gated_gemv_add_rms_norm_equals_the_merged_projection_then_silu(
+    rows, inter, k, bias, dtype
+):
+    """The gated launch gives silu(gate) * up of the merged [gate | up] projection of
+    rms_norm(x + residual): as the plain launch then silu_and_mul_merged (the same
+    roundings: gate and up to the dtype, the product once), and the same new residual."""
+    from engine_sdk.layers import fused_ops
+
+    gen = torch.Generator().manual_seed(rows * 7 + inter + k)
+    x = (torch.randn(rows, k, generator=gen) * 2).to(dtype).to(DEVICE)
+    residual = torch.randn(rows, k, generator=gen).to(dtype).to(DEVICE)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype).to(DEVICE)
+    w = (torch.randn(2 * inter, k, generator=gen) / k**0.5).to(dtype).to(DEVICE)
+    b = torch.randn(2 * inter, generator=gen).to(dtype).to(DEVICE) if bias else None
+    gate_up, want_res = gemv.gemv_add_rms_norm(x, residual, norm_w, 1e-6, w, b)
+    want = fused_ops.silu_and_mul_merged(gate_up) if DEVICE == "cuda" else None
+    if want is None:  # the reference formula of silu_mul_merged_kernel, in float32
+        g, u = gate_up.float().chunk(2, dim=-1)
+        want = (g / (1.0 + torch.exp(-g)) * u).to(dtype)
+    got, got_res = gemv.gemv_add_rms_norm(x, residual, norm_w, 1e-6, w, b, gated=True)
+    assert got.shape == (rows, inter) and got.dtype == dtype
+    assert torch.equal(got_res, want_res)
+    # the same float32 sums in the same order: equal but for exp's last bit
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=2 * torch.finfo(dtype).eps)
+    # and not the ungated output's first half (the up rows were used)
+    assert not torch.allclose(got.float(), gate_up[:, :inter].float(), atol=1e-2)
+
+
+def test_gated_gemv_refuses_a_lora_epilogue():
+    x = torch.zeros(1, 16)
+    with pytest.raises(AssertionError, match="no LoRA epilogue"):
+        gemv.gemv_add_rms_norm(x, x, x[0], 1e-6, torch.zeros(8, 16), lora=object(), gated=True)  # type: ignore[arg-type]
+
+
 @pytest.mark.skipif(DEVICE == "cuda", reason="the SDK's dense test attention runs on the CPU")
 def test_decoder_takes_the_norm_gemv_at_decode(monkeypatch, tmp_path):
     """One token (a decode-shaped row) through a tiny Qwen3 built from the SDK's generic
     decoder runs gemv_add_rms_norm for q/k/v (every layer but the first, whose norm has
     no residual yet) and gate/up; the logits equal the unfused path's (ENGINE_GEMV=0).
     On a GPU the kernel's own tests and the engine's decode checks cover it."""
+    from engine_sdk.layers import decoder
     from tiny_decoder import tiny_bf16_qwen3
 
     model, logits = tiny_bf16_qwen3(tmp_path, DEVICE)
-    calls = {"norm": 0}
+    calls = {"norm": 0, "gated": 0}
     norm_fn = gemv.gemv_add_rms_norm
 
     def norm(*args, **kwargs):
-        calls["norm"] += 1
+        calls["gated" if kwargs.get("gated") else "norm"] += 1
         return norm_fn(*args, **kwargs)
 
     monkeypatch.setattr(gemv, "gemv_add_rms_norm", norm)
     num_layers = len(model.model.layers)
 
-    fused = logits()
-    assert calls == {"norm": 2 * num_layers - 1}
+    fused = logits()  # gate/up with the activation in its launch
+    assert calls == {"norm": num_layers - 1, "gated": num_layers}
+    monkeypatch.setenv("ENGINE_FUSED_SILU", "0")
+    decoder._fused_silu_enabled.cache_clear()
+    try:
+        fused_no_silu = logits()  # the plain norm GEMV for gate/up, SiLU on its own
+    finally:
+        decoder._fused_silu_enabled.cache_clear()
+    assert calls == {"norm": 3 * num_layers - 2, "gated": num_layers}
     monkeypatch.setenv("ENGINE_GEMV", "0")
     unfused = logits()
-    assert calls == {"norm": 2 * num_layers - 1}
+    assert calls == {"norm": 3 * num_layers - 2, "gated": num_layers}
+    # on the CPU the separate SiLU is torch's, rounded after silu and after the product
+    torch.testing.assert_close(fused, fused_no_silu, atol=0.05, rtol=0.05)
     torch.testing.assert_close(fused, unfused, atol=0.05, rtol=0.05)
 
 

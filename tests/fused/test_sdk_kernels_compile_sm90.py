@@ -138,6 +138,18 @@ def test_gemv_add_rms_norm_kernel(block_k: int, warps: int, eps: str, has_bias: 
     _compile(_GEMV, "gemv_add_rms_norm_kernel", constants, types={"eps": eps}, num_warps=warps)
 
 
+@pytest.mark.parametrize("block_n,block_k,warps", [(1, 1024, 4), (2, 4096, 8)])
+def test_gated_gemv_add_rms_norm_kernel(block_n: int, block_k: int, warps: int) -> None:
+    """The gated variant (gate/up with SiLU in the epilogue): one gate and one up row a
+    program (the default) or two of each, Qwen3-0.6B and Llama-8B row lengths, a bias."""
+    constants = {
+        "HAS_BIAS": True, "BLOCK_M": 1, "BLOCK_N": block_n, "BLOCK_K": block_k, "LORA": False,
+        "GATED": True,
+    }  # fmt: skip
+    report = _compile(_GEMV, "gemv_add_rms_norm_kernel", constants, num_warps=warps)
+    assert "ex2" in report["ptx"]  # the SiLU's exponential is in the launch
+
+
 # -- LoRA: the per-token shrink and expand, the blocked shrink --------------------------------
 
 _LORA_TYPES = {"parts_ptr": "*fp32", "h_ptr": "*fp32", "slots_ptr": "*i32", "starts_ptr": "*i32"}

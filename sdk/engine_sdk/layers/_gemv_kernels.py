@@ -6,6 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine_sdk.layers._fused_kernels import silu_mul
+
 
 @triton.jit
 def gemv_kernel(
@@ -86,14 +88,16 @@ def gemv_add_rms_norm_kernel(
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, LORA: tl.constexpr = False, NUM_SLICES: tl.constexpr = 1,
     BLOCK_R: tl.constexpr = 16, BLOCK_P: tl.constexpr = 1, SHRINK: tl.constexpr = False,
-    SHRINK_K: tl.constexpr = 256,
+    SHRINK_K: tl.constexpr = 256, GATED: tl.constexpr = False,
 ):  # fmt: skip
     """``gemv_kernel`` over ``rms_norm(x + r) * nw`` for a whole row in one tile
     (``K <= BLOCK_K``): each program forms the sum and its norm itself (a row is a few KB,
     read from L2) and program 0 stores the sum, the new residual. The roundings are those
     of ``add_rms_norm_kernel``: the sum to the dtype, the normalized value to the dtype,
     then times the weight, rounded. ``SHRINK``: as in ``gemv_kernel``, over the
-    normalized rows."""
+    normalized rows. ``GATED`` (no LoRA): ``w`` is a merged ``[gate | up]`` of ``2 * N``
+    rows; a program reads gate rows ``n`` and up rows ``N + n`` and stores
+    ``silu(gate) * up`` (the roundings of the GEMV then ``silu_mul_merged_kernel``)."""
     pid = tl.program_id(0)
     if SHRINK:
         if pid < NUM_SHRINK:
@@ -109,13 +113,16 @@ def gemv_add_rms_norm_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     n_ok = offs_n < N
     k_ok = offs_k < K
-    w = tl.load(
-        w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
-        mask=n_ok[:, None] & k_ok[None, :],
-        other=0.0,
-    ).to(tl.float32)
+    w_tile = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    w_ok = n_ok[:, None] & k_ok[None, :]
+    w = tl.load(w_tile, mask=w_ok, other=0.0).to(tl.float32)
+    wu = w
+    if GATED:
+        u_rows = (offs_n + N)[:, None].to(tl.int64) * stride_wn
+        wu = tl.load(w_ptr + u_rows + offs_k[None, :], mask=w_ok, other=0.0).to(tl.float32)
     nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for m in tl.static_range(BLOCK_M):
         row_ok = k_ok & (m < M)
         x = tl.load(x_ptr + m * stride_xm + offs_k, mask=row_ok, other=0.0).to(tl.float32)
@@ -128,6 +135,12 @@ def gemv_add_rms_norm_kernel(
         h = (y * nw).to(out_ptr.dtype.element_ty).to(tl.float32)
         part = tl.sum(w * h[None, :], axis=1)
         acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+        if GATED:
+            part_u = tl.sum(wu * h[None, :], axis=1)
+            acc_u = tl.where(offs_m[:, None] == m, acc_u + part_u[None, :], acc_u)
+    if GATED:
+        _store_gated(acc, acc_u, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, N, stride_om, HAS_BIAS)
+        return
     if LORA:
         if SHRINK:
             _wait_for_shrink(flag_ptr, NUM_SHRINK)
@@ -139,6 +152,21 @@ def gemv_add_rms_norm_kernel(
     _store_rows(acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS)
     if SHRINK:
         _finish_shrink(flag_ptr, tl.cdiv(N, BLOCK_N))
+
+
+@triton.jit
+def _store_gated(
+    acc, acc_u, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, N, stride_om, HAS_BIAS: tl.constexpr
+):  # fmt: skip
+    """The gated epilogue: gate and up each get their bias and their rounding to the
+    dtype (the merged GEMV's store), then ``silu(gate) * up`` in float32, rounded once."""
+    dt = out_ptr.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc_u += tl.load(b_ptr + N + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    act = silu_mul(acc.to(dt).to(tl.float32), acc_u.to(dt).to(tl.float32))
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, act.to(dt), mask=(offs_m[:, None] < M) & n_ok[None, :])
 
 
 @triton.jit

@@ -21,11 +21,11 @@ from typing import Any, ClassVar
 import torch
 
 from engine_sdk.interfaces.model import ModelArchitecture, ModelContext
-from engine_sdk.layers import fused_ops
+from engine_sdk.layers import fused_ops, gemv
 from engine_sdk.layers.activation import GatedMLP
 from engine_sdk.layers.attention import KV_SCALE_SUFFIXES, Attention, load_kv_scale
 from engine_sdk.layers.embedding import LMHead, VocabEmbedding
-from engine_sdk.layers.linear import Linear, is_method_only, merge_linears
+from engine_sdk.layers.linear import Linear, is_method_only, is_plain_linear, merge_linears
 from engine_sdk.layers.norm import RMSNorm
 from engine_sdk.layers.parallel import (
     ColumnParallelLinear,
@@ -274,6 +274,10 @@ class DecoderLayer(torch.nn.Module):
                 hidden_states, residual = self.input_layernorm.add_forward(hidden_states, residual)
                 hidden_states = attn(hidden_states, cos_sin, kv_cache, attn_metadata)
         if isinstance(mlp, GatedMLP) and type(mlp).forward is GatedMLP.forward:
+            pair = _norm_gate_up_silu(self.post_attention_layernorm, mlp, hidden_states, residual)
+            if pair is not None:
+                hidden, residual = pair
+                return mlp.down_proj(hidden), residual
             pair = _norm_then_gemv(
                 self.post_attention_layernorm, mlp.gate_up_proj, hidden_states, residual
             )
@@ -307,6 +311,32 @@ def _norm_then_gemv(
     if not is_method_only(proj):  # adapters in this step: the GEMV with the LoRA epilogue
         return proj.lora_add_rms_norm(x, residual, norm.weight, norm.eps)
     return proj.quant_method.apply_add_rms_norm(proj, x, residual, norm.weight, norm.eps, proj.bias)
+
+
+@functools.lru_cache(maxsize=1)
+def _fused_silu_enabled() -> bool:
+    """``ENGINE_FUSED_SILU`` is not ``0`` (read once; ``cache_clear`` for tests)."""
+    return os.environ.get("ENGINE_FUSED_SILU", "1") != "0"
+
+
+def _norm_gate_up_silu(
+    norm: torch.nn.Module, mlp: GatedMLP, x: torch.Tensor, residual: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(silu(gate) * up of norm(x + residual), x + residual)`` as one kernel (the gated
+    ``gemv.gemv_add_rms_norm``), for a plain RMSNorm before an unquantized merged gate/up
+    projection with SiLU and no adapter in the step, where the GEMV runs (decode at one
+    row); None elsewhere, or with ``ENGINE_FUSED_SILU=0`` or ``ENGINE_FUSED_NORM=0``."""
+    proj = mlp.gate_up_proj
+    if not (_fused_norm_enabled() and _fused_silu_enabled()):
+        return None
+    if type(norm) is not RMSNorm or mlp.hidden_act != "silu" or not is_plain_linear(proj):
+        return None
+    assert isinstance(proj, Linear) and isinstance(norm, RMSNorm)
+    weight = proj.weight
+    assert isinstance(weight, torch.Tensor)
+    if weight.shape[0] % 2 or not gemv.use_gemv_add_rms_norm(x, residual, weight):
+        return None
+    return gemv.gemv_add_rms_norm(x, residual, norm.weight, norm.eps, weight, proj.bias, gated=True)
 
 
 class DecoderModel(torch.nn.Module):

@@ -55,6 +55,9 @@ __all__ = [
 MAX_ROWS = 4  # rows at or below which the GEMV may replace the library GEMM
 SMALL_WEIGHT_BYTES = 16 * 2**20  # above this, cuBLAS keeps 2..MAX_ROWS rows
 NORM_MAX_K = 4096  # gemv_add_rms_norm holds a whole row in one tile
+# gate (and as many up) rows per program of the gated gemv_add_rms_norm: two weight rows a
+# program, as the plain kernel's measured best; ENGINE_GATED_BLOCK_N for sweeps
+GATED_BLOCK_N = int(os.environ.get("ENGINE_GATED_BLOCK_N", "1"))
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -231,25 +234,33 @@ def gemv_add_rms_norm(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     lora: LoRAEpilogue | None = None,
+    gated: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(x + residual) * norm_weight) @ weight.T + bias`` and ``x + residual``
     (the new residual), for ``x`` and ``residual`` [M, K] with K at most ``NORM_MAX_K``;
     equal to ``add_rms_norm`` then ``gemv`` (with ``lora``: plus each row's adapter
-    delta, the shrink taken over the normalized rows, ``lora.lora_shrink_add_rms_norm``)."""
+    delta, the shrink taken over the normalized rows, ``lora.lora_shrink_add_rms_norm``).
+
+    ``gated`` (no ``lora``): ``weight`` is a merged ``[gate | up]`` of ``2 * I`` rows and
+    the output is ``silu(gate) * up`` [M, I], as ``silu_and_mul_merged`` of the plain
+    output: one launch for the norm, the gate/up projection and the activation. Each
+    program reads ``GATED_BLOCK_N`` gate rows and as many up rows."""
+    assert not (gated and lora is not None), "the gated GEMV has no LoRA epilogue"
     num_rows, k = x.shape
-    n = weight.shape[0]
+    n = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
     new_residual = torch.empty(num_rows, k, dtype=x.dtype, device=x.device)
     block_k = max(16, 1 << (k - 1).bit_length())
     block_m = max(1, 1 << (num_rows - 1).bit_length())
+    block_n = GATED_BLOCK_N if gated else 2
     lora_args, lora_constants = _lora_args(lora, weight)
     extra = 0 if lora is None else lora.extra_programs
-    _norm_kernel()[(-(-n // 2) + extra,)](  # type: ignore[index]
+    _norm_kernel()[(-(-n // block_n) + extra,)](  # type: ignore[index]
         x, residual, norm_weight, weight, bias if bias is not None else weight, out, new_residual,
         num_rows, n, k, eps,
         x.stride(0), residual.stride(0), weight.stride(0), out.stride(0), new_residual.stride(0),
         *lora_args,
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=2, BLOCK_K=block_k,
-        num_warps=4 if block_k <= 2048 else 8, **lora_constants,
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=4 if block_k <= 2048 else 8, GATED=gated, **lora_constants,
     )  # fmt: skip
     return out, new_residual
