@@ -21,14 +21,6 @@
 #   bash benchmarks/round8_gpu.sh w3          W3 served at c=256 (TPOT p99 against p50)
 set -uo pipefail
 MODE="${1:?attention, lora, fp8rows, final or w3}"
-w2() {  # w2 NAME [engine args]: batch-1 decode of the 0.6B shape, ms per output token
-    local name=$1; shift
-    py 150 -m engine.cli.main bench latency --model .gpu/qwen3 --load-format dummy \
-        --dtype bfloat16 --batch-size 1 --input-len 128 --output-len 256 --num-iters 3 \
-        --num-iters-warmup 1 --max-num-seqs 1 "$@" --save-result "$OUT/w2_$name.json" \
-        > "$OUT/w2_$name.log" 2>&1
-    grep -m3 "ms_per_output_token\|Error\|error:" "$OUT/w2_$name.log" | sed "s/^/$name: /"
-}
 source benchmarks/device_install.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$MODE" = attention ]; then

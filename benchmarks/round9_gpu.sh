@@ -18,14 +18,6 @@
 #   compile  W2 with ENGINE_TORCH_COMPILE=1 against 0 (issue 14 item 2: not yet measured)
 set -uo pipefail
 MODE="${1:?check, decode or compile}"
-w2() {  # w2 NAME [engine args]: batch-1 decode of the 0.6B shape, ms per output token
-    local name=$1; shift
-    py 150 -m engine.cli.main bench latency --model .gpu/qwen3 --load-format dummy \
-        --dtype bfloat16 --batch-size 1 --input-len 128 --output-len 256 --num-iters 3 \
-        --num-iters-warmup 1 --max-num-seqs 1 "$@" --save-result "$OUT/w2_$name.json" \
-        > "$OUT/w2_$name.log" 2>&1
-    grep -m3 "ms_per_output_token\|Error\|error:" "$OUT/w2_$name.log" | sed "s/^/$name: /"
-}
 source benchmarks/device_install.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$MODE" = check ]; then

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Device calls of 2026-12-06 (round 10). Round 9's kernels had not run on a GPU yet, so
+# `check` runs their GPU tests first. Engine only; each mode is one call carrying .whl and
+# .gpu (.gpu/qwen3: the Qwen3-0.6B-shaped folder with the Qwen3 tokenizer). Run the
+# committed tree:
+#   git archive --format=tar.gz HEAD sdk core plugins benchmarks tests > .gpu/clean.tgz
+#   command: mkdir -p /tmp/c && tar -xzf .gpu/clean.tgz -C /tmp/c && cp -r .whl .gpu /tmp/c/ \
+#            && cd /tmp/c && bash benchmarks/round10_gpu.sh MODE
+# Modes:
+#   check    GPU tests of rounds 9 and 10 (split merge in the attention launch, fused q/k/v
+#            + KV-cache write, LoRA epilogue loads, sampling in the decode graph, the gated
+#            gate/up GEMV), the shrink-in-GEMV test alone under a short timeout, then W2
+#            (batch 1, ms per output token; temperature 1.0 as vllm bench latency) with
+#            each launch saving off in turn, and greedy
+#   decode   W2 and the Llama-8B shape (side_by_side.py --engine-only); LoRA batch-1 decode
+#            and W1 over 4 adapters (lora_gpu.py --quick), the shrink inside the GEMV too
+#   serve    what a JSON schema costs at batch 256 through the engine
+#            (structured_e2e_gpu.py); W2 with ENGINE_TORCH_COMPILE=1 against 0
+set -uo pipefail
+MODE="${1:?check, decode or serve}"
+source benchmarks/device_install.sh
+nvidia-smi --query-gpu=name --format=csv,noheader
+if [ "$MODE" = check ]; then
+    py 300 -m pytest -q -x -p no:cacheprovider plugins/triton/tests \
+        tests/fused tests/lora/test_lora_cuda.py tests/model/test_decode_graph_cuda.py \
+        -k "not inside and not compile_sm90" 2>&1 | tail -8
+    py 60 -m pytest -q -x -p no:cacheprovider tests/fused/test_lora_gemv_epilogue.py \
+        -k inside 2>&1 | tail -3
+    w2 base
+    w2 greedy --temperature 0
+    ENGINE_FUSED_SILU=0 w2 silu_apart
+    ENGINE_TRITON_SPLIT_MERGE=0 w2 two_launch_merge
+    ENGINE_FUSED_KV_STORE=0 w2 backend_store
+    ENGINE_FUSED_SILU=0 ENGINE_TRITON_SPLIT_MERGE=0 ENGINE_FUSED_KV_STORE=0 w2 round8_launches
+    w2 base_again
+elif [ "$MODE" = decode ]; then
+    py 200 benchmarks/side_by_side.py --engine-only --model .gpu/qwen3 --parts w2,llama8b \
+        --out "$OUT/engine_w2_8b.json" 2>&1 | tail -3
+    py 250 benchmarks/lora_gpu.py --quick --parts decode,w1 --out "$OUT/lora_gpu.json" \
+        2>&1 | tail -20
+    ENGINE_LORA_SHRINK_IN_GEMV=1 py 120 benchmarks/lora_gpu.py --quick --parts decode \
+        --out "$OUT/lora_gpu_shrink_in_gemv.json" 2>&1 | tail -8
+else
+    (cd benchmarks && py 300 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
+        --out "$OUT/structured_e2e.json" 2>&1 | grep -v '^ *"\|^ *\]\|^ *\[\|^ *}' | tail -20;
+     python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: r[k] for k in r if k.startswith('added') or k in ('output_tokens',)}); print('schema', {k: v for k, v in r['schema'].items() if k != 'runs'}); print('plain', {k: v for k, v in r['plain'].items() if k != 'runs'})" "$OUT/structured_e2e.json")
+    w2 compile0
+    ENGINE_TORCH_COMPILE=1 w2 compile1
+    grep -B2 -A8 -m1 "Traceback\|Error" "$OUT/w2_compile1.log" | tail -14
+fi
