@@ -20,7 +20,11 @@ elements). One launch less per norm; on the H200 the fused kernel also took less
 than the two it replaces (0.6B q/k/v 5.7 -> 4.1 us, gate/up 7.2 -> 5.3; 8B q/k/v
 16.5 -> 14.4, gate/up 57.6 -> 55.3). The same idea for SiLU-and-multiply in the down
 projection lost (0.6B 5.5 -> 6.4 us, 8B 33.7 -> 44.4: every program recomputes the
-activation over the whole intermediate row), so the activation keeps its own kernel.
+activation over the whole intermediate row), so the down projection keeps it out. It
+goes the other way instead: ``gemv_add_rms_norm(gated=True)`` gives each program its gate
+rows and the matching up rows of the merged weight, so SiLU-and-multiply is an epilogue of
+values the program already holds (no recomputation) and the decoder's batch-1 MLP is two
+launches (``decoder._norm_gate_up_silu``; ``ENGINE_FUSED_SILU=0`` off).
 
 Measured on an H200 (``benchmarks/decode_kernels_gpu.py --sweep``, 2026-12-04, weights
 read from HBM, inside CUDA graphs), microseconds, cuBLAS -> this kernel:
