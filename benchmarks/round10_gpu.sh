@@ -11,7 +11,8 @@
 #            + KV-cache write, LoRA epilogue loads, sampling in the decode graph, the gated
 #            gate/up GEMV), the shrink-in-GEMV test alone under a short timeout, then W2
 #            (batch 1, ms per output token; temperature 1.0 as vllm bench latency) with
-#            each launch saving off in turn, and greedy
+#            each launch saving off in turn, greedy, and the LM head on the GEMV
+#            (ENGINE_GEMV_LM_HEAD=1, off by default until measured)
 #   decode   W2 and the Llama-8B shape (side_by_side.py --engine-only); LoRA batch-1 decode
 #            and W1 over 4 adapters (lora_gpu.py --quick), the shrink inside the GEMV too
 #   serve    what a JSON schema costs at batch 256 through the engine
@@ -24,11 +25,14 @@ if [ "$MODE" = check ]; then
     py 300 -m pytest -q -x -p no:cacheprovider plugins/triton/tests \
         tests/fused tests/lora/test_lora_cuda.py tests/model/test_decode_graph_cuda.py \
         -k "not inside and not compile_sm90" 2>&1 | tail -8
+    ENGINE_GEMV_LM_HEAD=1 py 120 -m pytest -q -x -p no:cacheprovider \
+        tests/model/test_decode_graph_cuda.py tests/fused/test_gemv.py 2>&1 | tail -3
     py 60 -m pytest -q -x -p no:cacheprovider tests/fused/test_lora_gemv_epilogue.py \
         -k inside 2>&1 | tail -3
     w2 base
     w2 greedy --temperature 0
     ENGINE_FUSED_SILU=0 w2 silu_apart
+    ENGINE_GEMV_LM_HEAD=1 w2 lm_head_gemv
     ENGINE_TRITON_SPLIT_MERGE=0 w2 two_launch_merge
     ENGINE_FUSED_KV_STORE=0 w2 backend_store
     ENGINE_FUSED_SILU=0 ENGINE_TRITON_SPLIT_MERGE=0 ENGINE_FUSED_KV_STORE=0 w2 round8_launches

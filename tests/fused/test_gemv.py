@@ -208,3 +208,31 @@ def test_is_plain_linear_follows_the_lora_context():
             return super().forward(x) * 2
 
     assert not is_plain_linear(Custom(32, 16)) and not is_plain_linear(None)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_lm_head_takes_the_gemv_for_float32_logits(monkeypatch, rows):
+    """With ENGINE_GEMV_LM_HEAD=1 the LM head's one-row logits come from the GEMV in
+    float32, holding the weight dtype's rounding (as the library GEMM then .float());
+    rows the GEMV declines (3 rows of a wide head) keep the library GEMM."""
+    from engine_sdk.layers import embedding
+
+    monkeypatch.setenv("ENGINE_GEMV_LM_HEAD", "1")
+    embedding.lm_head_gemv.cache_clear()
+    calls = []
+    real = gemv.gemv
+    monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    try:
+        head = embedding.LMHead(300, 64, torch.bfloat16).to(DEVICE)
+        gen = torch.Generator().manual_seed(rows)
+        head.weight.data.copy_(torch.randn(300, 64, generator=gen).to(torch.bfloat16))
+        x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16).to(DEVICE)
+        got = head(x)
+    finally:
+        embedding.lm_head_gemv.cache_clear()
+    want = torch.nn.functional.linear(x, head.weight).float()
+    assert got.dtype == torch.float32 and got.shape == (rows, 300)
+    assert len(calls) == (1 if rows == 1 else 0)
+    assert torch.equal(got, got.to(torch.bfloat16).float())  # rounded to bf16 first
+    # float32 sums in another order: at most one bf16 ulp apart
+    assert bool(((got - want).abs() <= want.abs() * torch.finfo(torch.bfloat16).eps + 1e-6).all())

@@ -123,6 +123,12 @@ def test_gemv_kernel(block_m: int, block_k: int, has_bias: bool) -> None:
     assert "atom.global" not in report["ptx"]  # no LoRA, no shrink: no counters
 
 
+def test_gemv_kernel_float32_logits() -> None:
+    """The LM head's GEMV (``ENGINE_GEMV_LM_HEAD=1``): bf16 weights, float32 logits out."""
+    constants = {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 2, "BLOCK_K": 1024, "LORA": False}
+    _compile(_GEMV, "gemv_kernel", constants, types={"out_ptr": "*fp32"})
+
+
 @pytest.mark.parametrize(
     "block_k,warps,eps,has_bias",
     [

@@ -72,7 +72,9 @@ def gemv_kernel(
             R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
             BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P, ".cg" if SHRINK else "",
         )  # fmt: skip
-    _store_rows(acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS)
+    _store_rows(
+        acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS, w_ptr.dtype.element_ty
+    )  # fmt: skip
     if SHRINK:
         _finish_shrink(flag_ptr, tl.cdiv(N, BLOCK_N))
 
@@ -149,7 +151,9 @@ def gemv_add_rms_norm_kernel(
             R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
             BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P, ".cg" if SHRINK else "",
         )  # fmt: skip
-    _store_rows(acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS)
+    _store_rows(
+        acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS, w_ptr.dtype.element_ty
+    )  # fmt: skip
     if SHRINK:
         _finish_shrink(flag_ptr, tl.cdiv(N, BLOCK_N))
 
@@ -294,13 +298,17 @@ def _finish_shrink(flag_ptr, NUM_TILES):
 
 
 @triton.jit
-def _store_rows(acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS: tl.constexpr):
-    """Both GEMVs' epilogue: add the bias (float32), round once, store the valid rows."""
+def _store_rows(
+    acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS: tl.constexpr, WEIGHT_DTYPE
+):  # fmt: skip
+    """Both GEMVs' epilogue: add the bias (float32), round once to the weight's dtype (a
+    float32 output, as the LM head's logits, holds that rounded value: the library GEMM
+    then ``.float()``), store the valid rows."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
     tl.store(
         out_ptrs,
-        acc.to(out_ptr.dtype.element_ty),
+        acc.to(WEIGHT_DTYPE).to(out_ptr.dtype.element_ty),
         mask=(offs_m[:, None] < M) & n_ok[None, :],
     )

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
+
+from engine_sdk.layers import gemv
 
 __all__ = ["LMHead", "VocabEmbedding"]
 
@@ -40,4 +45,16 @@ class LMHead(torch.nn.Module):
         self.tied = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if lm_head_gemv() and gemv.use_gemv(hidden_states, self.weight):
+            # decode at one row: the GEMV writes the float32 logits (rounded to the
+            # weight's dtype first, as below) in its one launch
+            return gemv.gemv(hidden_states, self.weight, out_dtype=torch.float32)
         return torch.nn.functional.linear(hidden_states, self.weight).float()
+
+
+@functools.lru_cache(maxsize=1)
+def lm_head_gemv() -> bool:
+    """``ENGINE_GEMV_LM_HEAD=1``: the LM head takes the small-batch GEMV where the
+    projections do (off by default until a GPU run shows it faster than cuBLAS there;
+    read once, ``cache_clear`` for tests)."""
+    return os.environ.get("ENGINE_GEMV_LM_HEAD", "0") == "1"

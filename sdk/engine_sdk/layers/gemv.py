@@ -209,14 +209,16 @@ def gemv(
     bias: torch.Tensor | None = None,
     tiles: tuple[int, int, int] | None = None,
     lora: LoRAEpilogue | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` for ``x`` [M, K] (M at most ``MAX_ROWS``), ``weight`` [N, K];
-    plus each row's adapter delta with ``lora``."""
+    plus each row's adapter delta with ``lora``. ``out_dtype`` (float32 for logits) holds
+    the result rounded to the weight's dtype, without a second launch to widen it."""
     kernel = _kernel()
     assert kernel is not None
     num_rows = x.shape[0]
     n, k = weight.shape
-    out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
+    out = torch.empty(num_rows, n, dtype=out_dtype or x.dtype, device=x.device)
     block_n, block_k, warps = tiles or pick_tiles(n, k)
     block_m = max(1, 1 << (num_rows - 1).bit_length())
     lora_args, lora_constants = _lora_args(lora, weight)
