@@ -122,6 +122,9 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         pool: list[Any] = {"base": [None], "mixed": [*adapters, None]}[spec["requests"]]
         loras = [pool[i % len(pool)] for i in range(len(prompts))]
         llm.generate(prompts[:8], params, use_tqdm=False, lora_request=loras[:8])  # warm up
+        from w4_profile_gpu import StepTimeline  # where a run's time goes: prefill or decode
+
+        timeline = StepTimeline()
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
         elapsed = time.perf_counter() - start
@@ -130,6 +133,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
             "elapsed_s": elapsed,
             "output_tokens": num_out,
             "output_tokens_per_s": num_out / elapsed,
+            "steps": timeline.summary(),
         }
     prompts = _prompts(1, 128, 1)
     params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
