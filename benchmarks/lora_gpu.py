@@ -274,6 +274,9 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=1024)
     parser.add_argument("--quick", action="store_true", help="fewer prompts and shapes")
     parser.add_argument("--parts", default="kernels,w1,decode", help="which parts, in order")
+    parser.add_argument(
+        "--decode-runs", default="base,base_lora_on,adapter", help="the decode part's runs"
+    )
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     parts = args.parts.split(",")
@@ -317,6 +320,7 @@ def main() -> None:
         decode_runs = (
             ("base", False, "base"), ("base_lora_on", True, "base"), ("adapter", True, "adapter"),
         ) if "decode" in parts else ()  # fmt: skip
+        decode_runs = tuple(r for r in decode_runs if r[0] in args.decode_runs.split(","))
         results["decode"] = {}
         for name, lora, requests in decode_runs:
             spec = {**common, "name": f"decode_{name}", "kind": "latency", "lora": lora,

@@ -44,6 +44,17 @@ elif [ "$MODE" = decode ]; then
         2>&1 | tail -20
     ENGINE_LORA_SHRINK_IN_GEMV=1 py 120 benchmarks/lora_gpu.py --quick --parts decode \
         --out "$OUT/lora_gpu_shrink_in_gemv.json" 2>&1 | tail -8
+elif [ "$MODE" = more ]; then  # the second call: check's tests without -x, LoRA, schema
+    py 200 -m pytest -q -p no:cacheprovider plugins/triton/tests tests/fused \
+        tests/lora/test_lora_cuda.py tests/model/test_decode_graph_cuda.py \
+        -k "not inside and not compile_sm90" 2>&1 | tail -6
+    py 130 benchmarks/lora_gpu.py --quick --parts decode --out "$OUT/lora_gpu.json" \
+        2>&1 | grep -i "decode\|error" | tail -6
+    ENGINE_LORA_SHRINK_IN_GEMV=1 py 70 benchmarks/lora_gpu.py --quick --parts decode \
+        --decode-runs adapter --out "$OUT/lora_gpu_shrink_in_gemv.json" 2>&1 | grep -i "decode\|error" | tail -6
+    (cd benchmarks && py 120 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
+        --runs 2 --out "$OUT/structured_e2e.json" > "$OUT/structured_e2e.log" 2>&1;
+     grep '"added\|"mean\|Error' "$OUT/structured_e2e.log" | tail -6)
 else
     (cd benchmarks && py 300 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
         --out "$OUT/structured_e2e.json" 2>&1 | grep -v '^ *"\|^ *\]\|^ *\[\|^ *}' | tail -20;

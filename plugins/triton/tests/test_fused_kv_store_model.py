@@ -47,6 +47,11 @@ def _run(model, prompt: list[int], next_token: int) -> tuple[torch.Tensor, list[
     return torch.stack(logits), caches
 
 
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="CPU tensors through Triton's interpreter; on a GPU the decode-graph and engine "
+    "parity tests run the fused store",
+)
 def test_decoder_writes_kv_from_its_fused_kernel(tmp_path, monkeypatch):
     from engine_sdk.testing import model_parity
     from engine_sdk.testing.models import build_tiny_model
