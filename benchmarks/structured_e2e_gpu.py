@@ -55,6 +55,24 @@ def _run(llm: Any, timeline: StepTimeline, prompts: list[Any], params: list[Any]
     }
 
 
+def _profile(llm: Any, prompts: list[Any], params: list[Any]) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.generate(prompts, params, use_tqdm=False)
+        _sync()
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(event.name[:90], []).append(event.device_time_total)
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:25]
+    return {
+        "device_busy_ms": sum(sum(v) for v in kernels.values()) / 1000,
+        "top": [{"name": n, "count": len(v), "ms": sum(v) / 1000} for n, v in top],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -64,6 +82,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--profile", action="store_true", help="kernel table of one run each")
     args = parser.parse_args()
     timeline = StepTimeline()
     llm = LLM(
@@ -107,6 +126,11 @@ def main() -> None:
     for key in ("wall_s", "decode_step_ms_p50", "full_batch_decode_step_ms_p50"):
         if key in report["schema"] and key in report["plain"]:
             report[f"added_{key}"] = report["schema"][key] / report["plain"][key] - 1
+    if args.profile:  # device time by kernel, one run of each (where the added time goes)
+        report["profile"] = {
+            "schema": _profile(llm, prompts, constrained),
+            "plain": _profile(llm, prompts, plain),
+        }
     print(json.dumps({k: v for k, v in report.items() if k != "json_schema"}, indent=1))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))

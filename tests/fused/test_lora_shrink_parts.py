@@ -121,7 +121,10 @@ def test_public_shrink_returns_the_whole_h(num_parts, dtype, poisoned_empty):
     blocked = lora_shrink_triton(x, a, slots, blocked=True, num_parts=num_parts)
     torch.testing.assert_close(blocked.cpu(), ref, atol=tol, rtol=tol)
     want_parts = lora._blocked_split(6, 300, x.device, num_parts)[0]
-    assert want_parts == (1 if num_parts == 1 else 3)  # 5 steps of 64: 3 parts of 2 at most
+    if num_parts is None:  # about one program a multiprocessor: 5 on a GPU, fewer on a CPU
+        assert 1 <= want_parts <= 5  # 5 steps of 64, no part empty
+    else:
+        assert want_parts == (1 if num_parts == 1 else 3)  # 5 steps of 64: 3 parts of 2
     got = lora_shrink_triton(x, a, slots, blocked=True, parts=True, num_parts=num_parts)
     assert got.shape == (want_parts, 6, 40)
 

@@ -199,7 +199,10 @@ def test_split_decode_merges_in_the_same_launch(group, monkeypatch):
     monkeypatch.setattr(triton_backend, "COMBINE_IN_KERNEL", True)
     for _ in range(2):  # the second launch finds the counters the first one left at zero
         got = backend.forward(query, new_k, new_v, cache.clone(), meta)
-        assert torch.equal(got, want)
+        if DEVICE == "cpu":  # the interpreter: the same float32 operations in the same order
+            assert torch.equal(got, want)
+        else:  # compiled, the merge's multiply-adds may contract differently (an H100: ulps)
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
         assert len(backend._locks) == 1 and not backend._locks[0].any()
     assert two_launch is not triton_backend.combine_splits_kernel
 
