@@ -24,7 +24,8 @@ activation over the whole intermediate row), so the down projection keeps it out
 goes the other way instead: ``gemv_add_rms_norm(gated=True)`` gives each program its gate
 rows and the matching up rows of the merged weight, so SiLU-and-multiply is an epilogue of
 values the program already holds (no recomputation) and the decoder's batch-1 MLP is two
-launches (``decoder._norm_gate_up_silu``; ``ENGINE_FUSED_SILU=0`` off).
+launches (``decoder._norm_gate_up_silu``; ``ENGINE_FUSED_SILU=0`` off). W2 on an H100
+(2026-12-06, docs/performance.md "Round 10"): 1.03-1.06 ms a token with it, 1.10 without.
 
 Measured on an H200 (``benchmarks/decode_kernels_gpu.py --sweep``, 2026-12-04, weights
 read from HBM, inside CUDA graphs), microseconds, cuBLAS -> this kernel:

@@ -236,8 +236,9 @@ def _forced() -> bool:
 
 
 # The shrink inside the GEMV's launch (``LoRALayer.epilogue_in_gemv``), instead of a
-# launch before it: ``ENGINE_LORA_SHRINK_IN_GEMV=1``. Off by default until timed on a GPU
-# (its GEMV programs wait on the shrink programs of the same launch; see _gemv_kernels).
+# launch before it: ``ENGINE_LORA_SHRINK_IN_GEMV=1``. Off by default: correct on an H100
+# but slower (batch-1 decode with an adapter 2.39 ms against 1.55 with the shrink launch,
+# 2026-12-06, docs/lora.md), its GEMV programs spinning on the shrink programs.
 SHRINK_IN_GEMV_K = 512  # inputs of one shrink program (fewer programs past 16 parts)
 
 
