@@ -13,12 +13,14 @@
 #            (batch 1, ms per output token; temperature 1.0 as vllm bench latency) with
 #            each launch saving off in turn, greedy, and the LM head on the GEMV
 #            (ENGINE_GEMV_LM_HEAD=1, off by default until measured)
-#   decode   W2 and the Llama-8B shape (side_by_side.py --engine-only); LoRA batch-1 decode
-#            and W1 over 4 adapters (lora_gpu.py --quick), the shrink inside the GEMV too
-#   serve    what a JSON schema costs at batch 256 through the engine
-#            (structured_e2e_gpu.py); W2 with ENGINE_TORCH_COMPILE=1 against 0
+#   more     check's tests without -x (a CPU-only test had stopped them), LoRA batch-1
+#            decode (lora_gpu.py --quick) with and without the shrink inside the GEMV, and
+#            what a JSON schema costs at batch 256 (structured_e2e_gpu.py)
+#   (W2 and the 8B shape side by side, and W1 over 4 adapters: round9_gpu.sh decode)
+#   serve    a kernel profile of the schema run and its unconstrained twin (device-busy
+#            time against wall time), then W2 with ENGINE_TORCH_COMPILE=1 against 0
 set -uo pipefail
-MODE="${1:?check, decode or serve}"
+MODE="${1:?check, more or serve}"
 source benchmarks/device_install.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$MODE" = check ]; then
@@ -37,13 +39,6 @@ if [ "$MODE" = check ]; then
     ENGINE_FUSED_KV_STORE=0 w2 backend_store
     ENGINE_FUSED_SILU=0 ENGINE_TRITON_SPLIT_MERGE=0 ENGINE_FUSED_KV_STORE=0 w2 round8_launches
     w2 base_again
-elif [ "$MODE" = decode ]; then
-    py 200 benchmarks/side_by_side.py --engine-only --model .gpu/qwen3 --parts w2,llama8b \
-        --out "$OUT/engine_w2_8b.json" 2>&1 | tail -3
-    py 250 benchmarks/lora_gpu.py --quick --parts decode,w1 --out "$OUT/lora_gpu.json" \
-        2>&1 | tail -20
-    ENGINE_LORA_SHRINK_IN_GEMV=1 py 120 benchmarks/lora_gpu.py --quick --parts decode \
-        --out "$OUT/lora_gpu_shrink_in_gemv.json" 2>&1 | tail -8
 elif [ "$MODE" = more ]; then  # the second call: check's tests without -x, LoRA, schema
     py 200 -m pytest -q -p no:cacheprovider plugins/triton/tests tests/fused \
         tests/lora/test_lora_cuda.py tests/model/test_decode_graph_cuda.py \
@@ -55,10 +50,10 @@ elif [ "$MODE" = more ]; then  # the second call: check's tests without -x, LoRA
     (cd benchmarks && py 120 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
         --runs 2 --out "$OUT/structured_e2e.json" > "$OUT/structured_e2e.log" 2>&1;
      grep '"added\|"mean\|Error' "$OUT/structured_e2e.log" | tail -6)
-else
-    (cd benchmarks && py 300 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
-        --out "$OUT/structured_e2e.json" 2>&1 | grep -v '^ *"\|^ *\]\|^ *\[\|^ *}' | tail -20;
-     python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print({k: r[k] for k in r if k.startswith('added') or k in ('output_tokens',)}); print('schema', {k: v for k, v in r['schema'].items() if k != 'runs'}); print('plain', {k: v for k, v in r['plain'].items() if k != 'runs'})" "$OUT/structured_e2e.json")
+else  # serve: where the schema's time goes (device-busy time, top kernels); torch.compile
+    (cd benchmarks && py 200 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
+        --runs 1 --profile --out "$OUT/structured_prof.json" > "$OUT/structured_prof.log" 2>&1)
+    tail -3 "$OUT/structured_prof.log"
     w2 compile0
     ENGINE_TORCH_COMPILE=1 w2 compile1
     grep -B2 -A8 -m1 "Traceback\|Error" "$OUT/w2_compile1.log" | tail -14
