@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -83,6 +84,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--profile", action="store_true", help="kernel table of one run each")
+    parser.add_argument(
+        "--ab-masked-row-sampler",
+        action="store_true",
+        help="also the schema run with ENGINE_MASKED_ROW_SAMPLER=0 (the sampler's pipeline)",
+    )
     args = parser.parse_args()
     timeline = StepTimeline()
     llm = LLM(
@@ -106,7 +112,13 @@ def main() -> None:
     ]
     llm.generate(prompts[:8], constrained[:8], use_tqdm=False)  # warm-up: compile, graphs
     runs: dict[str, list[dict[str, Any]]] = {"schema": [], "plain": []}
+    if args.ab_masked_row_sampler:
+        runs["schema_pipeline"] = []
     for _ in range(args.runs):
+        if args.ab_masked_row_sampler:  # the sampler's pipeline instead of the one launch
+            os.environ["ENGINE_MASKED_ROW_SAMPLER"] = "0"
+            runs["schema_pipeline"].append(_run(llm, timeline, prompts, constrained))
+            del os.environ["ENGINE_MASKED_ROW_SAMPLER"]
         runs["schema"].append(_run(llm, timeline, prompts, constrained))
         lengths = runs["schema"][-1]["lengths"]
         plain = [
@@ -124,8 +136,10 @@ def main() -> None:
     lengths = runs["schema"][-1]["lengths"]
     report["output_tokens"] = {"mean": statistics.mean(lengths), "max": max(lengths)}
     for key in ("wall_s", "decode_step_ms_p50", "full_batch_decode_step_ms_p50"):
-        if key in report["schema"] and key in report["plain"]:
-            report[f"added_{key}"] = report["schema"][key] / report["plain"][key] - 1
+        for name in ("schema", "schema_pipeline"):
+            if key in report.get(name, {}) and key in report["plain"]:
+                suffix = "" if name == "schema" else "_pipeline"
+                report[f"added{suffix}_{key}"] = report[name][key] / report["plain"][key] - 1
     if args.profile:  # device time by kernel, one run of each (where the added time goes)
         report["profile"] = {
             "schema": _profile(llm, prompts, constrained),

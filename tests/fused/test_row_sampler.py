@@ -76,3 +76,49 @@ def test_reference_has_the_same_greedy_rows_and_a_fair_sample():
     flat = torch.zeros(1, 64)
     seen = {int(sample_rows_reference(flat, torch.ones(1), gen)) for _ in range(200)}
     assert len(seen) > 64 * (1 - math.exp(-200 / 64)) * 0.8  # about as many ids as expected
+
+
+def _packed(allowed: torch.Tensor) -> torch.Tensor:
+    """uint8 [rows, bytes] with bit (id % 8) of byte (id // 8) set where ``allowed``."""
+    rows, vocab = allowed.shape
+    padded = torch.zeros(rows, -(-vocab // 32) * 32, dtype=torch.bool)
+    padded[:, :vocab] = allowed
+    weights = 1 << torch.arange(8)
+    return (padded.view(rows, -1, 8).long() * weights).sum(-1).to(torch.uint8)
+
+
+def test_masked_rows_draw_only_allowed_ids():
+    """With packed masks: greedy rows are the argmax over the allowed ids (not the row's
+    larger forbidden maximum), random rows follow softmax over the allowed ids only; the
+    torch reference agrees on the greedy rows."""
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    ids = [10, BLOCK + 1, 2 * BLOCK + 5, BLOCK + 2]
+    logits = torch.full((3, VOCAB), -1e4)
+    logits[:, ids] = probs.log()
+    logits[:, 7] = 5.0  # the largest logit of every row, forbidden in all three
+    allowed = torch.zeros(3, VOCAB, dtype=torch.bool)
+    allowed[:, ids] = True
+    allowed[1, ids[3]] = False  # row 1: the three others, renormalized
+    allowed[2, ids[3]] = False  # row 2 (greedy): the best allowed is ids[2]
+    bits = _packed(allowed).to(DEVICE)
+    logits = logits.to(DEVICE)
+    temps = torch.tensor([1.0, 1.0, 0.0], device=DEVICE)
+    sampler = RowSampler(4, VOCAB, torch.device(DEVICE))
+    want_greedy = sample_rows_reference(logits, temps, allowed_bits=bits)[2].item()
+    assert want_greedy == ids[2]
+    draws = 400
+    counts = torch.zeros(2, 4)
+    for _ in range(draws):
+        got = sampler(logits, temps, bits).tolist()
+        assert got[2] == ids[2]
+        for row in range(2):
+            assert got[row] in ids and allowed[row, got[row]]
+            counts[row, ids.index(got[row])] += 1
+    assert not sampler.locks.any()
+    for row in range(2):
+        want = torch.where(allowed[row, ids], probs, torch.zeros(4))
+        want = want / want.sum()
+        sd = (want * (1 - want) * draws).sqrt()
+        err = (counts[row] - want * draws).abs()
+        assert bool((err <= 4.5 * sd + 1e-9).all()), (row, counts[row], want * draws)
+    assert counts[1, 3] == 0

@@ -21,10 +21,12 @@ Pipeline, each stage vectorised over the rows and skipped when no row uses it::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from engine_sdk.layers.sampling import RowSampler
 
 from engine.core.scheduler_output import Logprobs
 from engine.model_executor.device_tensors import host_tensor, to_device
@@ -92,7 +94,11 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Stateless: all per-request state (generators, token history) comes in the batch."""
+    """All per-request state (generators, token history) comes in the batch; the sampler
+    keeps only the buffers of its one-launch path (``_row_samplers``)."""
+
+    def __init__(self) -> None:
+        self._row_samplers: dict[tuple[torch.device, int], RowSampler] = {}
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         return self.sample_on_device(logits, batch).to_host()
@@ -109,8 +115,11 @@ class Sampler:
         ``plain_greedy`` rows, and random rows that only scale by a temperature (no
         top-k/top-p/min-p, no seed: the graph's noise is not the request's generator), with
         no logprobs and nothing that changes the logits."""
-        if any(self._needs_processing(batch)):
-            return False
+        return not any(self._needs_processing(batch)) and self._temperature_only(batch, vocab_size)
+
+    def _temperature_only(self, batch: SamplingBatch, vocab_size: int) -> bool:
+        """Every row greedy or scaled by a temperature alone: no top-k/top-p/min-p, no
+        seed (a generator of its own), no logprobs."""
         for p, generator in zip(batch.params, batch.generators, strict=True):
             if p.logprobs is not None:
                 return False
@@ -136,6 +145,9 @@ class Sampler:
                 f"len(batch) == {len(batch)}, got shape {tuple(logits.shape)}"
             )
         params = batch.params
+        masked = self._masked_rows(logits, batch)
+        if masked is not None:
+            return DeviceSample(masked, params, [], HostCopy([masked]))
         processed = self._process_logits(logits, batch)
         token_ids = processed.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -147,6 +159,36 @@ class Sampler:
                 rows = _index_tensor(random_rows, logits.device)
                 token_ids = token_ids.index_copy(0, rows, sampled)
         return self._gather_logprobs(logits, token_ids, params)
+
+    def _masked_rows(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor | None:
+        """Structured outputs' common case in one launch (``RowSampler`` with the packed
+        masks: one pass over the logits instead of the unpack, the masked copy, argmax,
+        softmax and the race): temperature-only rows under ``PackedMasks`` and nothing
+        else that edits the logits, on CUDA (``ENGINE_MASKED_ROW_SAMPLER=0``: off;
+        ``force``: on any device, through Triton's interpreter on a CPU). None: the
+        pipeline above runs."""
+        masks = batch.allowed_token_masks
+        if not isinstance(masks, PackedMasks):
+            return None
+        mode = os.environ.get("ENGINE_MASKED_ROW_SAMPLER", "1")
+        if mode == "0" or (not logits.is_cuda and mode != "force"):
+            return None
+        num_rows, vocab_size = logits.shape
+        if masks.vocab_size != vocab_size or len(masks) != num_rows:
+            return None  # the pipeline's apply_packed_masks says what is wrong
+        if masks.bits.device != logits.device or logits.stride(1) != 1:
+            return None
+        min_tokens, _, penalties, bias = self._needs_processing(batch)
+        if min_tokens or penalties or bias or not self._temperature_only(batch, vocab_size):
+            return None
+        key = (logits.device, vocab_size)
+        sampler = self._row_samplers.get(key)
+        if sampler is None or sampler.max_rows < num_rows:
+            max_rows = max(num_rows, 2 * sampler.max_rows if sampler is not None else 64)
+            sampler = self._row_samplers[key] = RowSampler(max_rows, vocab_size, logits.device)
+        temps = [0.0 if p.greedy else p.temperature for p in batch.params]
+        temperatures = host_tensor(temps, torch.float32, logits.device)
+        return sampler(logits, temperatures, masks.bits)
 
     # -- phases ---------------------------------------------------------------------------
 

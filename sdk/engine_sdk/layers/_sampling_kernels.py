@@ -10,15 +10,18 @@ import triton.language as tl
 @triton.jit
 def sample_rows_kernel(
     logits_ptr, temps_ptr, step_ptr, part_val_ptr, part_idx_ptr, lock_ptr, out_ptr,
-    V, stride_l, num_rows, NUM_CHUNKS,
-    BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr,
+    V, stride_l, num_rows, NUM_CHUNKS, bits_ptr, stride_b,
+    BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr, MASKED: tl.constexpr = False,
 ):  # fmt: skip
     """Program (row, chunk): the best column of ``BLOCK`` logits of one row, by value
     (temperature 0: greedy) or by value / temperature + Gumbel noise (a sample of
     softmax(logits / temperature)); the last chunk of a row to finish (an acq_rel counter
     per row) picks the row's best over the chunks (ties: the lowest id, as ``argmax``) and
     the last row to finish advances the step counter that keys the noise, so every launch
-    draws fresh noise. Counters are zero between launches (CUDA graphs replay them)."""
+    draws fresh noise. Counters are zero between launches (CUDA graphs replay them).
+    ``MASKED``: a packed allowed-token row per row (``bits_ptr``, ``stride_b`` bytes a row:
+    bit ``id % 8`` of byte ``id // 8`` set where ``id`` may be drawn); the other ids are
+    ``-inf`` before the temperature and the noise, as the sampler's masked path."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     step = tl.load(step_ptr)
@@ -27,6 +30,10 @@ def sample_rows_kernel(
     ok = offs < V
     x = tl.load(logits_ptr + row.to(tl.int64) * stride_l + offs, mask=ok, other=float("-inf"))
     x = x.to(tl.float32)
+    if MASKED:
+        byte = tl.load(bits_ptr + row.to(tl.int64) * stride_b + (offs >> 3), mask=ok, other=0)
+        allowed = ((byte.to(tl.int32) >> (offs & 7)) & 1) != 0
+        x = tl.where(allowed, x, float("-inf"))
     if temp > 0.0:
         u = tl.rand(step, row * V + offs)  # uniform [0, 1), Philox keyed by the step
         gumbel = -tl.log(-tl.log(u))

@@ -4,8 +4,9 @@ Gumbel-max trick (``argmax(logits / T + G)``, ``G = -log(-log(U))``), which has 
 distribution of the exponential race the engine's sampler runs (``argmax(p / E)``,
 ``E ~ Exp(1)``: ``-log E`` is Gumbel).
 
-It is for plain rows only (no top-k/top-p/min-p, penalties, masks, seeds or logprobs),
-where it replaces about six launches with one, and it is static (fixed buffers, no host
+It is for plain rows only (no top-k/top-p/min-p, penalties, seeds or logprobs), where it
+replaces about six launches with one (with a packed allowed-token mask per row, the
+structured-output path, about ten), and it is static (fixed buffers, no host
 work), so the decode CUDA graph can contain it. The noise is keyed by a step counter on
 the device that the launch itself advances (Philox: a fresh draw every launch, rows
 independent); it is not reproducible from a request's seed, so seeded rows take the
@@ -40,29 +41,50 @@ class RowSampler:
         self.part_val = torch.empty(max_rows, self.chunks_p, dtype=torch.float32, device=device)
         self.part_idx = torch.empty(max_rows, self.chunks_p, dtype=torch.int32, device=device)
 
-    def __call__(self, logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-        """long ``[rows]``: each row's id (``temperatures`` float32 ``[rows]``, 0: greedy)."""
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        temperatures: torch.Tensor,
+        allowed_bits: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """long ``[rows]``: each row's id (``temperatures`` float32 ``[rows]``, 0: greedy).
+        ``allowed_bits`` (uint8 ``[rows, bytes]``, bit ``id % 8`` of byte ``id // 8``):
+        only the ids whose bit is set can be drawn (structured outputs' packed masks),
+        read in the same pass over the logits."""
         from engine_sdk.layers._sampling_kernels import sample_rows_kernel
 
         num_rows, vocab_size = logits.shape
         assert num_rows <= self.max_rows and vocab_size == self.vocab_size
         assert logits.stride(1) == 1 and temperatures.shape == (num_rows,)
+        masked = allowed_bits is not None
+        if allowed_bits is not None:
+            assert allowed_bits.dtype == torch.uint8 and allowed_bits.stride(1) == 1
+            assert allowed_bits.shape[0] == num_rows and allowed_bits.shape[1] * 8 >= vocab_size
+        bits = allowed_bits if allowed_bits is not None else self.locks
         out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
         if num_rows == 0:
             return out
         sample_rows_kernel[(num_rows, self.num_chunks)](
             logits, temperatures, self.step, self.part_val, self.part_idx, self.locks, out,
             vocab_size, logits.stride(0), num_rows, self.num_chunks,
-            BLOCK=BLOCK, CHUNKS_P=self.chunks_p, num_warps=4,
+            bits, bits.stride(0) if masked else 0,
+            BLOCK=BLOCK, CHUNKS_P=self.chunks_p, MASKED=masked, num_warps=4,
         )  # fmt: skip
         return out
 
 
 def sample_rows_reference(
-    logits: torch.Tensor, temperatures: torch.Tensor, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    generator: torch.Generator | None = None,
+    allowed_bits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """What ``RowSampler`` computes, in torch (its noise comes from ``generator``)."""
     x = logits.float()
+    if allowed_bits is not None:
+        ids = torch.arange(x.shape[1], device=x.device)
+        bytes_ = allowed_bits.to(x.device).long()[:, ids >> 3]
+        x = x.masked_fill(((bytes_ >> (ids & 7)) & 1) == 0, float("-inf"))
     temps = temperatures.float().to(x.device)
     u = torch.rand(x.shape, generator=generator, device=x.device)
     noisy = x / temps.clamp_min(1e-30)[:, None] - torch.log(-torch.log(u))
