@@ -76,14 +76,17 @@ def test_qkv_norm_rope_with_the_kv_store(store: bool, cache: str) -> None:
     assert ("div.rn.f32" in report["ptx"]) == (cache == "*fp8e4nv")
 
 
-def test_row_sampler_kernel() -> None:
-    """The decode graph's sampling launch (``engine_sdk.layers.sampling``)."""
+@pytest.mark.parametrize("masked", [False, True])
+def test_row_sampler_kernel(masked: bool) -> None:
+    """The decode graph's sampling launch (``engine_sdk.layers.sampling``), and the
+    sampler's masked one (structured outputs: packed allowed-token bits per row)."""
     types = {
         "logits_ptr": "*fp32", "temps_ptr": "*fp32", "step_ptr": "*i64",
         "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "lock_ptr": "*i32", "out_ptr": "*i64",
+        "bits_ptr": "*u8" if masked else "*i32",
     }  # fmt: skip
     report = compile_for_gpu(
         "engine_sdk.layers._sampling_kernels", "sample_rows_kernel",
-        {"BLOCK": 4096, "CHUNKS_P": 64}, types,
+        {"BLOCK": 4096, "CHUNKS_P": 64, "MASKED": masked}, types,
     )  # fmt: skip
     assert report["cubin_bytes"] > 0 and "atom.global" in report["ptx"]
