@@ -158,10 +158,16 @@ def test_hostile_grammars_are_refused_and_the_server_stays_responsive(
     assert max(answered) < 1.0, f"/health took {max(answered):.2f} s"
     assert _rss(api_pid) - api_rss_before < 64 << 20, "the API server process compiled"
     # The compile workers belong to the engine process: the API server has none.
-    workers = [p for p in _tree(api_pid) if "compile_worker" in process_cmdline(p)]
+    # (killed workers are replaced by fresh ones: wait for both, up to 5 s)
+    deadline = time.monotonic() + 5.0
+    while True:
+        workers = [p for p in _tree(api_pid) if "compile_worker" in process_cmdline(p)]
+        if len(workers) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert len(workers) == 2, [process_cmdline(p) for p in _tree(api_pid)]
     assert not set(workers) & set(child_pids(api_pid))
-    time.sleep(1.0)  # killed workers are replaced by fresh ones
+    time.sleep(1.0)  # the fresh workers have settled
     growth = _tree_rss(api_pid) - tree_before
     assert growth < 256 << 20, f"the server tree kept {growth >> 20} MiB"
     print(
@@ -170,11 +176,17 @@ def test_hostile_grammars_are_refused_and_the_server_stays_responsive(
         f"{tree_before >> 20} -> peak {peak[0] >> 20} -> {_tree_rss(api_pid) >> 20} MiB"
     )
 
-    # A repeat is refused without compiling again; normal constraints still work.
-    start = time.monotonic()
-    r = _constrained(grammar_server, {"regex": RUNAWAY[0]})
-    assert r.status_code == 400, r.text
-    assert time.monotonic() - start < 1.0
+    # A repeat is refused without compiling again; normal constraints still work. With
+    # three runaway compiles on two workers, one of them may have waited past its
+    # deadline without starting: it was never compiled, so it is not on the refused list
+    # and its repeat compiles (which of the three is a race). The two that ran are.
+    fast = 0
+    for regex in RUNAWAY:
+        start = time.monotonic()
+        r = _constrained(grammar_server, {"regex": regex})
+        assert r.status_code == 400, r.text
+        fast += time.monotonic() - start < 1.0
+    assert fast >= 2, f"{fast} of the runaway regexes were refused at once on repeat"
     body = {
         "model": "tiny",
         "messages": [{"role": "user", "content": "hi"}],

@@ -24,9 +24,9 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from engine_sdk.layers.sampling import RowSampler
 
 from engine.core.scheduler_output import Logprobs
 from engine.model_executor.device_tensors import host_tensor, to_device
@@ -98,7 +98,7 @@ class Sampler:
     keeps only the buffers of its one-launch path (``_row_samplers``)."""
 
     def __init__(self) -> None:
-        self._row_samplers: dict[tuple[torch.device, int], RowSampler] = {}
+        self._row_samplers: dict[tuple[torch.device, int], Any] = {}  # RowSampler
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         return self.sample_on_device(logits, batch).to_host()
@@ -181,6 +181,10 @@ class Sampler:
         min_tokens, _, penalties, bias = self._needs_processing(batch)
         if min_tokens or penalties or bias or not self._temperature_only(batch, vocab_size):
             return None
+        # imported here: this module is on the API server's and grammar workers' import
+        # path, where loading the SDK's layers would slow every worker's start
+        from engine_sdk.layers.sampling import RowSampler
+
         key = (logits.device, vocab_size)
         sampler = self._row_samplers.get(key)
         if sampler is None or sampler.max_rows < num_rows:
