@@ -17,8 +17,10 @@
 #            decode (lora_gpu.py --quick) with and without the shrink inside the GEMV, and
 #            what a JSON schema costs at batch 256 (structured_e2e_gpu.py)
 #   (W2 and the 8B shape side by side, and W1 over 4 adapters: round9_gpu.sh decode)
-#   serve    a kernel profile of the schema run and its unconstrained twin (device-busy
-#            time against wall time), then W2 with ENGINE_TORCH_COMPILE=1 against 0
+#   serve    the schema at batch 256 with the sampler's one-launch masked path against its
+#            pipeline (ENGINE_MASKED_ROW_SAMPLER=0), a kernel profile of the schema run and
+#            its unconstrained twin (device-busy time against wall time), then W2 with
+#            ENGINE_TORCH_COMPILE=1 against 0
 set -uo pipefail
 MODE="${1:?check, more or serve}"
 source benchmarks/device_install.sh
@@ -52,7 +54,9 @@ elif [ "$MODE" = more ]; then  # the second call: check's tests without -x, LoRA
      grep '"added\|"mean\|Error' "$OUT/structured_e2e.log" | tail -6)
 else  # serve: where the schema's time goes (device-busy time, top kernels); torch.compile
     (cd benchmarks && py 200 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
-        --runs 1 --profile --out "$OUT/structured_prof.json" > "$OUT/structured_prof.log" 2>&1)
+        --runs 2 --profile --ab-masked-row-sampler --out "$OUT/structured_prof.json" \
+        > "$OUT/structured_prof.log" 2>&1)
+    grep '"added' "$OUT/structured_prof.log"
     tail -3 "$OUT/structured_prof.log"
     w2 compile0
     ENGINE_TORCH_COMPILE=1 w2 compile1
