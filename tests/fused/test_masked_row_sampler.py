@@ -10,17 +10,15 @@ from engine.model_executor.sampler import Sampler, SamplingBatch
 from engine.sampling_params import SamplingParams
 from engine.structured_output.masks import PackedMasks, forbidden_bits_table
 from engine_sdk.layers.sampling import RowSampler
+from test_row_sampler import _packed
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 VOCAB = 5000  # two chunks of the row sampler, the second partial
 
 
 def _masks(allowed: torch.Tensor) -> PackedMasks:
-    rows, vocab = allowed.shape
-    padded = torch.zeros(rows, -(-vocab // 32) * 32, dtype=torch.bool)
-    padded[:, :vocab] = allowed
-    bits = (padded.view(rows, -1, 8).long() * (1 << torch.arange(8))).sum(-1).to(torch.uint8)
-    return PackedMasks(bits.to(DEVICE), forbidden_bits_table(DEVICE), vocab)
+    bits = _packed(allowed)
+    return PackedMasks(bits.to(DEVICE), forbidden_bits_table(DEVICE), allowed.shape[1])
 
 
 @pytest.fixture

@@ -39,6 +39,8 @@ import torch
 from engine_sdk.interfaces.attention import AttentionBatch
 from engine_sdk.layers.sampling import RowSampler
 
+from engine.model_executor.sampler import row_sampler_temperatures
+
 if TYPE_CHECKING:
     from engine.model_executor.inputs import StepInputs
     from engine.model_executor.runner import ModelRunner
@@ -194,10 +196,9 @@ class CudaGraphRunner:
         return GraphStep(self.runner.model.compute_logits(out[:n]), None)
 
     def _set_temperatures(self, inputs: StepInputs, bs: int) -> None:
-        values = [
-            0.0 if p.greedy else float(p.temperature)
-            for p in (sr.request.sampling_params for sr in inputs.sample_requests)
-        ]
+        values = row_sampler_temperatures(
+            [sr.request.sampling_params for sr in inputs.sample_requests]
+        )
         values += [0.0] * (bs - len(values))
         if values != self._temperatures_set[:bs]:
             self.temperatures[:bs].copy_(torch.tensor(values), non_blocking=True)

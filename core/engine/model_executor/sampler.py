@@ -190,7 +190,7 @@ class Sampler:
         if sampler is None or sampler.max_rows < num_rows:
             max_rows = max(num_rows, 2 * sampler.max_rows if sampler is not None else 64)
             sampler = self._row_samplers[key] = RowSampler(max_rows, vocab_size, logits.device)
-        temps = [0.0 if p.greedy else p.temperature for p in batch.params]
+        temps = row_sampler_temperatures(batch.params)
         temperatures = host_tensor(temps, torch.float32, logits.device)
         return sampler(logits, temperatures, masks.bits)
 
@@ -279,6 +279,11 @@ class Sampler:
         packed = gather_logprobs(raw_logprobs, token_ids[rows], num_top)
         flat = torch.cat([token_ids.double(), packed.flatten()])
         return DeviceSample(token_ids, params, logprob_rows, HostCopy([flat]))
+
+
+def row_sampler_temperatures(params: Sequence[SamplingParams]) -> list[float]:
+    """Each row's temperature as ``RowSampler`` takes it: 0 for a greedy row."""
+    return [0.0 if p.greedy else float(p.temperature) for p in params]
 
 
 class DeviceSample:
