@@ -112,6 +112,7 @@ def _prompts(num: int, length: int, seed: int) -> list[dict[str, list[int]]]:
 
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
     from engine import LoRARequest, SamplingParams
+    from kernel_profile import profile_generate
 
     model = Path(spec["model"])
     adapters = [LoRARequest(f"a{i}", i + 1, p) for i, p in enumerate(spec["adapters"])]
@@ -129,12 +130,15 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         outs = llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
         elapsed = time.perf_counter() - start
         num_out = sum(len(o.outputs[0].token_ids) for o in outs)
-        return {
+        result = {
             "elapsed_s": elapsed,
             "output_tokens": num_out,
             "output_tokens_per_s": num_out / elapsed,
             "steps": timeline.summary(),
         }
+        if spec.get("profile"):
+            result["profile"] = profile_generate(llm, prompts, params, lora_request=loras)
+        return result
     prompts = _prompts(1, 128, 1)
     params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
     lora = adapters[0] if spec["requests"] == "adapter" else None
@@ -146,7 +150,10 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         llm.generate(prompts, params, use_tqdm=False, lora_request=lora)
         times.append(time.perf_counter() - start)
     times.sort()
-    return {"latency_s_p50": times[2], "ms_per_output_token": 1000 * times[2] / 256}
+    result = {"latency_s_p50": times[2], "ms_per_output_token": 1000 * times[2] / 256}
+    if spec.get("profile"):  # per output token: divide by 256
+        result["profile"] = profile_generate(llm, prompts, params, lora_request=lora)
+    return result
 
 
 def run_worker(spec: dict[str, Any], log_dir: Path) -> dict[str, Any] | None:
@@ -162,6 +169,10 @@ def run_worker(spec: dict[str, Any], log_dir: Path) -> dict[str, Any] | None:
         print("\n".join(tail), flush=True)
         return None
     result: dict[str, Any] = json.loads(result_file.read_text())
+    if "profile" in result:
+        from kernel_profile import print_profile
+
+        print_profile(spec["name"], result["profile"])
     return result
 
 
@@ -277,6 +288,9 @@ def main() -> None:
     parser.add_argument(
         "--decode-runs", default="base,base_lora_on,adapter", help="the decode part's runs"
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="also a kernel table of each run (torch.profiler)"
+    )
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     parts = args.parts.split(",")
@@ -313,6 +327,7 @@ def main() -> None:
             spec = {
                 **common, "name": f"w1_{name}", "kind": "throughput", "lora": lora,
                 "max_loras": NUM_ADAPTERS, "requests": requests, "num_prompts": num_prompts,
+                "profile": args.profile,
             }  # fmt: skip
             results["w1"][name] = run_worker(spec, root)
             print(f"w1 {name}: {results['w1'][name]}", flush=True)
@@ -324,7 +339,7 @@ def main() -> None:
         results["decode"] = {}
         for name, lora, requests in decode_runs:
             spec = {**common, "name": f"decode_{name}", "kind": "latency", "lora": lora,
-                    "max_loras": 1, "requests": requests}  # fmt: skip
+                    "max_loras": 1, "requests": requests, "profile": args.profile}  # fmt: skip
             results["decode"][name] = run_worker(spec, root)
             print(f"decode {name}: {results['decode'][name]}", flush=True)
             args.out.write_text(json.dumps(results, indent=2))

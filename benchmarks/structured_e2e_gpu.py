@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from engine import LLM, SamplingParams
 from engine.sampling_params import StructuredOutputsParams
+from kernel_profile import profile_generate
 from structured_masks import SCHEMA
 from w4_profile_gpu import StepTimeline
 
@@ -53,24 +54,6 @@ def _run(llm: Any, timeline: StepTimeline, prompts: list[Any], params: list[Any]
         "full_batch_decode_step_ms_p50": statistics.median(full) if full else None,
         "lengths": [len(o.outputs[0].token_ids) for o in outs],
         "texts": [o.outputs[0].text for o in outs[:3]],
-    }
-
-
-def _profile(llm: Any, prompts: list[Any], params: list[Any]) -> dict[str, Any]:
-    from torch.profiler import ProfilerActivity, profile
-
-    _sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        llm.generate(prompts, params, use_tqdm=False)
-        _sync()
-    kernels: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            kernels.setdefault(event.name[:90], []).append(event.device_time_total)
-    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:25]
-    return {
-        "device_busy_ms": sum(sum(v) for v in kernels.values()) / 1000,
-        "top": [{"name": n, "count": len(v), "ms": sum(v) / 1000} for n, v in top],
     }
 
 
@@ -142,8 +125,8 @@ def main() -> None:
                 report[f"added{suffix}_{key}"] = report[name][key] / report["plain"][key] - 1
     if args.profile:  # device time by kernel, one run of each (where the added time goes)
         report["profile"] = {
-            "schema": _profile(llm, prompts, constrained),
-            "plain": _profile(llm, prompts, plain),
+            "schema": profile_generate(llm, prompts, constrained),
+            "plain": profile_generate(llm, prompts, plain),
         }
     print(json.dumps({k: v for k, v in report.items() if k != "json_schema"}, indent=1))
     if args.out:

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Device calls of 2026-12-06, second session (round 11). Three calls on one warm machine,
+# each within 30 s of the previous one (the vLLM anchor's chunks go over in two of them).
+# The vLLM archive (../shared/vllm-anchor/pack.sh) is re-split here into two folders that
+# each fit one call with the working tree: .whl-vllm/a (chunk 00) and .whl-vllm/b (chunk
+# 01 and SHA256SUMS); .carry/setup.sh is a copy of the anchor's setup.sh. The committed
+# tree travels as .gpu/clean.tgz:
+#   git archive --format=tar.gz HEAD sdk core plugins benchmarks tests > .gpu/clean.tgz
+#   call 1, carry .whl-vllm/a:
+#       mkdir -p $HOME/vparts && mv .whl-vllm/a/* $HOME/vparts/ && bash benchmarks/round11_gpu.sh part1
+#   call 2, carry .whl-vllm/b .whl .carry .gpu/clean.tgz:
+#       mkdir -p /tmp/c && tar -xzf .gpu/clean.tgz -C /tmp/c && cp -r .whl .whl-vllm .carry /tmp/c/ \
+#       && cd /tmp/c && bash benchmarks/round11_gpu.sh sbs
+#   call 3, carry .whl .gpu:
+#       mkdir -p /tmp/c && tar -xzf .gpu/clean.tgz -C /tmp/c && cp -r .whl .gpu /tmp/c/ \
+#       && cd /tmp/c && bash benchmarks/round11_gpu.sh engine
+# Modes:
+#   part1   the sampler's GPU tests from the source tree (no wheels carried in this call)
+#   sbs     vLLM 0.26 unpacked; Engine and vLLM in this call (side_by_side.py): W4, W2,
+#           the Llama-8B shape at batch 1, W1; each part writes its row as it ends
+#   engine  Engine only: the masked row sampler's GPU tests, LoRA batch-1 decode and W1
+#           over 4 adapters with a kernel table of each run (lora_gpu.py --profile), then
+#           the JSON schema at batch 256 with the masked row sampler against its pipeline
+set -uo pipefail
+MODE="${1:?part1, sbs or engine}"
+if [ "$MODE" = part1 ]; then
+    ls -la "$HOME/vparts"
+    PYTHONPATH=sdk:core:tests/fused timeout 150 python3 -m pytest -q -p no:cacheprovider \
+        --noconftest tests/fused/test_row_sampler.py tests/fused/test_masked_row_sampler.py \
+        2>&1 | tail -6
+    exit 0
+fi
+if [ "$MODE" = sbs ]; then
+    mkdir -p "$HOME/vparts"
+    mv .whl-vllm/b/* "$HOME/vparts/" 2>/dev/null
+    bash .carry/setup.sh || exit 1
+fi
+source benchmarks/device_install.sh
+nvidia-smi --query-gpu=name --format=csv,noheader
+if [ "$MODE" = sbs ]; then
+    py 545 benchmarks/side_by_side.py --parts w4,w2,llama8b,w1 --model "$HOME/v/model" \
+        --out "$OUT/sbs_round11.json" 2>&1 | grep -v "^\$ \|^  exit" | tail -12
+    cp /tmp/sbs/*.log "$OUT/" 2>/dev/null; ls "$OUT"
+else
+    py 120 -m pytest -q -p no:cacheprovider tests/fused/test_row_sampler.py \
+        tests/fused/test_masked_row_sampler.py tests/lora/test_lora_cuda.py 2>&1 | tail -4
+    py 300 benchmarks/lora_gpu.py --quick --parts decode,w1 --decode-runs base,adapter \
+        --profile --out "$OUT/lora_profile.json" 2>&1 | grep -v "^\\$" | tail -60
+    (cd benchmarks && py 200 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 --profile \
+        --runs 2 --ab-masked-row-sampler --out "$OUT/structured_ab.json" \
+        > "$OUT/structured_ab.log" 2>&1)
+    grep '"added\|Error' "$OUT/structured_ab.log" | tail -8
+fi
