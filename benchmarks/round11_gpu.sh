@@ -11,18 +11,23 @@
 #   call 2, carry .whl-vllm/b .whl .carry .gpu/clean.tgz:
 #       mkdir -p /tmp/c && tar -xzf .gpu/clean.tgz -C /tmp/c && cp -r .whl .whl-vllm .carry /tmp/c/ \
 #       && cd /tmp/c && bash benchmarks/round11_gpu.sh sbs
-#   call 3, carry .whl .gpu:
+#   call 3 (optional, while vLLM is still unpacked there), carry .whl .gpu/clean.tgz:
+#       mkdir -p /tmp/c && tar -xzf .gpu/clean.tgz -C /tmp/c && cp -r .whl /tmp/c/ \
+#       && cd /tmp/c && bash benchmarks/round11_gpu.sh quant
+#   call 4, carry .whl .gpu:
 #       mkdir -p /tmp/c && tar -xzf .gpu/clean.tgz -C /tmp/c && cp -r .whl .gpu /tmp/c/ \
 #       && cd /tmp/c && bash benchmarks/round11_gpu.sh engine
 # Modes:
 #   part1   the sampler's GPU tests from the source tree (no wheels carried in this call)
 #   sbs     vLLM 0.26 unpacked; Engine and vLLM in this call (side_by_side.py): W4, W2,
 #           the Llama-8B shape at batch 1, W1; each part writes its row as it ends
+#   quant   the same for FP8 (both --quantization fp8) and AWQ (an AutoAWQ-config copy of
+#           the folder, dummy weights): the 8B shape and W2, issue 23's same-run table
 #   engine  Engine only: the masked row sampler's GPU tests, LoRA batch-1 decode and W1
 #           over 4 adapters with a kernel table of each run (lora_gpu.py --profile), then
 #           the JSON schema at batch 256 with the masked row sampler against its pipeline
 set -uo pipefail
-MODE="${1:?part1, sbs or engine}"
+MODE="${1:?part1, sbs, quant or engine}"
 if [ "$MODE" = part1 ]; then
     ls -la "$HOME/vparts"
     PYTHONPATH=sdk:core:tests/fused timeout 150 python3 -m pytest -q -p no:cacheprovider \
@@ -40,7 +45,12 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$MODE" = sbs ]; then
     py 545 benchmarks/side_by_side.py --parts w4,w2,llama8b,w1 --model "$HOME/v/model" \
         --out "$OUT/sbs_round11.json" 2>&1 | grep -v "^\$ \|^  exit" | tail -12
-    cp /tmp/sbs/*.log "$OUT/" 2>/dev/null; ls "$OUT"
+    tar -czf "$OUT/sbs_logs.tgz" -C /tmp/sbs $(cd /tmp/sbs && ls *.log) 2>/dev/null; ls "$OUT"
+elif [ "$MODE" = quant ]; then
+    [ -f "$HOME/v/.ok" ] || { echo "vLLM is not unpacked on this machine"; exit 1; }
+    py 545 benchmarks/side_by_side.py --parts llama8b_fp8,llama8b_awq,w2_fp8,w2_awq \
+        --model "$HOME/v/model" --out "$OUT/sbs_quant_round11.json" 2>&1 \
+        | grep -v "^\$ \|^  exit" | tail -12
 else
     py 120 -m pytest -q -p no:cacheprovider tests/fused/test_row_sampler.py \
         tests/fused/test_masked_row_sampler.py tests/lora/test_lora_cuda.py 2>&1 | tail -4
