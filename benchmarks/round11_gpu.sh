@@ -51,6 +51,7 @@ elif [ "$MODE" = quant ]; then
     py 545 benchmarks/side_by_side.py --parts llama8b_fp8,llama8b_awq,w2_fp8,w2_awq \
         --model "$HOME/v/model" --out "$OUT/sbs_quant_round11.json" 2>&1 \
         | grep -v "^\$ \|^  exit" | tail -12
+    tar -czf "$OUT/sbs_quant_logs.tgz" -C /tmp/sbs $(cd /tmp/sbs && ls *.log) 2>/dev/null
 else
     py 120 -m pytest -q -p no:cacheprovider tests/fused/test_row_sampler.py \
         tests/fused/test_masked_row_sampler.py tests/lora/test_lora_cuda.py 2>&1 | tail -4
