@@ -126,16 +126,20 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         from w4_profile_gpu import StepTimeline  # where a run's time goes: prefill or decode
 
         timeline = StepTimeline()
-        start = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
-        elapsed = time.perf_counter() - start
-        num_out = sum(len(o.outputs[0].token_ids) for o in outs)
-        result = {
-            "elapsed_s": elapsed,
-            "output_tokens": num_out,
-            "output_tokens_per_s": num_out / elapsed,
-            "steps": timeline.summary(),
-        }
+        runs = []
+        for _ in range(spec.get("runs", 1)):  # the last run is the figure (later ones: warm)
+            timeline.reset()
+            start = time.perf_counter()
+            outs = llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
+            elapsed = time.perf_counter() - start
+            num_out = sum(len(o.outputs[0].token_ids) for o in outs)
+            runs.append({
+                "elapsed_s": elapsed,
+                "output_tokens": num_out,
+                "output_tokens_per_s": num_out / elapsed,
+                "steps": timeline.summary(),
+            })  # fmt: skip
+        result = {**runs[-1], "runs": runs}
         if spec.get("profile"):
             result["profile"] = profile_generate(llm, prompts, params, lora_request=loras)
         return result
@@ -154,6 +158,13 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("profile"):  # per output token: divide by 256
         result["profile"] = profile_generate(llm, prompts, params, lora_request=lora)
     return result
+
+
+def _brief(result: dict[str, Any] | None) -> Any:
+    """A result without its kernel table (printed apart) and run list."""
+    if result is None:
+        return None
+    return {k: v for k, v in result.items() if k not in ("profile", "runs")}
 
 
 def run_worker(spec: dict[str, Any], log_dir: Path) -> dict[str, Any] | None:
@@ -289,6 +300,9 @@ def main() -> None:
         "--decode-runs", default="base,base_lora_on,adapter", help="the decode part's runs"
     )
     parser.add_argument(
+        "--w1-runs", type=int, default=1, help="W1 runs per configuration; the last is reported"
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="also a kernel table of each run (torch.profiler)"
     )
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
@@ -327,10 +341,10 @@ def main() -> None:
             spec = {
                 **common, "name": f"w1_{name}", "kind": "throughput", "lora": lora,
                 "max_loras": NUM_ADAPTERS, "requests": requests, "num_prompts": num_prompts,
-                "profile": args.profile,
+                "profile": args.profile, "runs": args.w1_runs,
             }  # fmt: skip
             results["w1"][name] = run_worker(spec, root)
-            print(f"w1 {name}: {results['w1'][name]}", flush=True)
+            print(f"w1 {name}: {_brief(results['w1'][name])}", flush=True)
             args.out.write_text(json.dumps(results, indent=2))
         decode_runs = (
             ("base", False, "base"), ("base_lora_on", True, "base"), ("adapter", True, "adapter"),
@@ -341,7 +355,7 @@ def main() -> None:
             spec = {**common, "name": f"decode_{name}", "kind": "latency", "lora": lora,
                     "max_loras": 1, "requests": requests, "profile": args.profile}  # fmt: skip
             results["decode"][name] = run_worker(spec, root)
-            print(f"decode {name}: {results['decode'][name]}", flush=True)
+            print(f"decode {name}: {_brief(results['decode'][name])}", flush=True)
             args.out.write_text(json.dumps(results, indent=2))
     args.out.write_text(json.dumps(results, indent=2))
     print_table(results)

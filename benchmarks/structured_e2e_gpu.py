@@ -38,8 +38,7 @@ def _sync() -> None:
 
 def _run(llm: Any, timeline: StepTimeline, prompts: list[Any], params: list[Any]) -> dict[str, Any]:
     _sync()
-    timeline.rows.clear()
-    timeline._last = 0.0
+    timeline.reset()
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     _sync()

@@ -92,6 +92,11 @@ class StepTimeline:
 
         engine_core.EngineCore._step = _step  # type: ignore[method-assign]
 
+    def reset(self) -> None:
+        """Forget the rows so far (before a timed run)."""
+        self.rows.clear()
+        self._last = 0.0
+
     def summary(self) -> list[dict[str, Any]]:
         acc: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0, 0, 0])
         for seconds, seqs, tokens, prefill in self.rows:
@@ -151,8 +156,7 @@ def main() -> None:
     report["runs"] = []
     for run in range(args.runs):
         sync()
-        timeline.rows.clear()
-        timeline._last = 0.0
+        timeline.reset()
         start = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         wall = time.perf_counter() - start

@@ -179,25 +179,32 @@ def lora_expand_kernel(
 # -- blocked versions for many tokens (large decode batches, prefill chunks) -----------------
 #
 # SGMV-style: a program takes BLOCK_M consecutive tokens. Tokens of one request are
-# consecutive in a step, so most blocks hold one slot; for each slot present in the block
-# (a loop over the few slots, skipped when absent) one tl.dot over the rows of that slot,
-# the other rows masked to zero. A is read once per block and slot instead of per token.
+# consecutive in a step, so most blocks hold one slot; each slot's weights are loaded with
+# a mask that is off where the slot has no row in the block (no memory traffic), one
+# tl.dot per slot over the block's rows, the other rows' results dropped. A is read once
+# per block and slot instead of per token.
 #
 #   rows  t0 t1 t2 t3 | t4 t5 t6 t7      slots  2 2 2 2 | 2 2 -1 0
-#   block 0: slot 2 only -> one dot      block 1: slot 2 dot (rows 4,5) + slot 0 dot (row 7)
+#   block 0: slot 2's loads only         block 1: slot 2 (rows 4,5) and slot 0 (row 7)
+#
+# The loop over the slots is unrolled (NUM_SLOTS is a constexpr: --max-loras) and has no
+# branch, so all the slots' loads leave together: a decode block mixing four adapters
+# waits for memory once per K step, not once per slot (round 11: the branchy loop cost
+# about 6 us a launch at 128 tokens on an H100, four dependent round trips). The token
+# count is not specialized on (prefill chunks of every size share one compiled kernel).
 #
 # The shrink splits K as the per-token one does (grid: token blocks x K parts), since a
 # decode batch has few blocks (256 tokens: 16); the expand adds the parts as it loads its
 # block of h, once for all the block's slots.
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def lora_shrink_blocked_kernel(
     x_ptr, a_ptr, parts_ptr, slots_ptr,
-    T, K, R, NUM_SLOTS, K_PER_PART,
+    T, K, R, K_PER_PART,
     stride_xt, stride_as, stride_ar, stride_pp, stride_pt,
-    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    NUM_SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     part = tl.program_id(1)  # this program's K range: [part * K_PER_PART, +K_PER_PART)
@@ -206,39 +213,42 @@ def lora_shrink_blocked_kernel(
     mask_m = offs_m < T
     row_slots = tl.load(slots_ptr + offs_m, mask=mask_m, other=-1)
     offs_r = tl.arange(0, BLOCK_R)
+    r_ok = offs_r < R
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for slot in range(0, NUM_SLOTS):
-        rows = row_slots == slot
-        if tl.sum(rows.to(tl.int32), axis=0) > 0:
-            a_base = a_ptr + slot * stride_as
-            for k0 in range(k_start, k_end, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                x = tl.load(
-                    x_ptr + offs_m[:, None] * stride_xt + offs_k[None, :],
-                    mask=rows[:, None] & (offs_k[None, :] < k_end),
-                    other=0.0,
-                )
-                a = tl.load(
-                    a_base + offs_r[None, :] * stride_ar + offs_k[:, None],
-                    mask=(offs_r[None, :] < R) & (offs_k[:, None] < k_end),
-                    other=0.0,
-                )  # [BLOCK_K, BLOCK_R]: A[slot].T
-                acc += tl.dot(x, a.to(x.dtype), input_precision=DOT_PRECISION)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < k_end
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xt + offs_k[None, :],
+            mask=(row_slots >= 0)[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        for slot in tl.static_range(NUM_SLOTS):
+            rows = row_slots == slot
+            present = tl.sum(rows.to(tl.int32), axis=0) > 0
+            a = tl.load(
+                a_ptr + slot * stride_as + offs_r[None, :] * stride_ar + offs_k[:, None],
+                mask=present & r_ok[None, :] & k_ok[:, None],
+                other=0.0,
+            )  # [BLOCK_K, BLOCK_R]: A[slot].T
+            d = tl.dot(x, a.to(x.dtype), input_precision=DOT_PRECISION)
+            acc += tl.where(rows[:, None], d, 0.0)
     # every row of the block, zeros for slot -1 (the parts are not zeroed beforehand)
     tl.store(
         parts_ptr + part * stride_pp + offs_m[:, None] * stride_pt + offs_r[None, :],
         acc,
-        mask=mask_m[:, None] & (offs_r[None, :] < R),
+        mask=mask_m[:, None] & r_ok[None, :],
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def lora_expand_blocked_kernel(
     h_ptr, b_ptr, y_ptr, slots_ptr, starts_ptr,
-    T, N, R, NUM_SLOTS, NUM_PARTS,
+    T, N, R, NUM_PARTS,
     stride_hp, stride_ht, stride_bs, stride_bn, stride_yt,
-    NUM_SLICES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_R: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_P: tl.constexpr,
+    NUM_SLOTS: tl.constexpr, NUM_SLICES: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     s, n0, n1 = _slice_tile(starts_ptr, N, tl.program_id(1), NUM_SLICES, BLOCK_N)
@@ -247,6 +257,10 @@ def lora_expand_blocked_kernel(
     row_slots = tl.load(slots_ptr + offs_m, mask=mask_m, other=-1)
     if tl.sum((row_slots >= 0).to(tl.int32), axis=0) > 0:
         offs_r = tl.arange(0, BLOCK_R)
+        n_ok = offs_n < n1
+        y_ptrs = y_ptr + offs_m[:, None] * stride_yt + offs_n[None, :]
+        mask = (row_slots[:, None] >= 0) & n_ok[None, :]
+        y = tl.load(y_ptrs, mask=mask, other=0.0)  # issued with the loads below
         # this slice's rank block of h for the whole block, the shrink's K parts added:
         # one [BLOCK_P, BLOCK_M, BLOCK_R] load and one sum (not one wait for L2 per part)
         offs_p = tl.arange(0, BLOCK_P)
@@ -264,19 +278,16 @@ def lora_expand_blocked_kernel(
         )
         h = tl.sum(tl.load(h_ptrs, mask=h_mask, other=0.0), axis=0)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for slot in range(0, NUM_SLOTS):
+        for slot in tl.static_range(NUM_SLOTS):
             rows = row_slots == slot
-            if tl.sum(rows.to(tl.int32), axis=0) > 0:
-                b = tl.load(
-                    b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None],
-                    mask=(offs_n[None, :] < n1) & (offs_r[:, None] < R),
-                    other=0.0,
-                )  # [BLOCK_R, BLOCK_N]: B[slot].T
-                h_slot = tl.where(rows[:, None], h, 0.0).to(b.dtype)
-                acc += tl.dot(h_slot, b, input_precision=DOT_PRECISION)
-        y_ptrs = y_ptr + offs_m[:, None] * stride_yt + offs_n[None, :]
-        mask = (row_slots[:, None] >= 0) & (offs_n[None, :] < n1)
-        y = tl.load(y_ptrs, mask=mask, other=0.0)
+            present = tl.sum(rows.to(tl.int32), axis=0) > 0
+            b = tl.load(
+                b_ptr + slot * stride_bs + offs_n[None, :] * stride_bn + offs_r[:, None],
+                mask=present & n_ok[None, :] & (offs_r[:, None] < R),
+                other=0.0,
+            )  # [BLOCK_R, BLOCK_N]: B[slot].T
+            h_slot = tl.where(rows[:, None], h, 0.0).to(b.dtype)
+            acc += tl.dot(h_slot, b, input_precision=DOT_PRECISION)
         tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
 
 

@@ -408,10 +408,10 @@ def lora_shrink_triton(
         if num_tokens > 0:
             lora_shrink_blocked_kernel[(-(-num_tokens // _BLOCK_M), split)](
                 x, lora_a, out, slots,
-                num_tokens, k, r, lora_a.shape[0], k_per_part,
+                num_tokens, k, r, k_per_part,
                 x.stride(0), lora_a.stride(0), lora_a.stride(1), out.stride(0), out.stride(1),
-                BLOCK_M=_BLOCK_M, BLOCK_R=_block(r), BLOCK_K=_BLOCKED_BLOCK_K,
-                DOT_PRECISION=_dot_precision(x.dtype),
+                NUM_SLOTS=lora_a.shape[0], BLOCK_M=_BLOCK_M, BLOCK_R=_block(r),
+                BLOCK_K=_BLOCKED_BLOCK_K, DOT_PRECISION=_dot_precision(x.dtype),
             )  # fmt: skip
         return _parts_or_sum(out, parts)
     split, block_k, k_per_part = _shrink_split(num_tokens, k, r, x.device, num_parts)
@@ -516,10 +516,11 @@ def lora_expand_triton(
     if blocked if blocked is not None else num_tokens >= BLOCKED_MIN_TOKENS:
         lora_expand_blocked_kernel[(-(-num_tokens // _BLOCK_M), num_tiles)](
             parts, lora_b, y, slots, starts,
-            num_tokens, n, r, lora_b.shape[0], parts.shape[0],
+            num_tokens, n, r, parts.shape[0],
             parts.stride(0), parts.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0),
-            NUM_SLICES=len(sizes), BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_R=_block(r),
-            DOT_PRECISION=_dot_precision(lora_b.dtype), BLOCK_P=_block(parts.shape[0], 1),
+            NUM_SLOTS=lora_b.shape[0], NUM_SLICES=len(sizes), BLOCK_M=_BLOCK_M,
+            BLOCK_N=block_n, BLOCK_R=_block(r), DOT_PRECISION=_dot_precision(lora_b.dtype),
+            BLOCK_P=_block(parts.shape[0], 1),
         )  # fmt: skip
         return
     num_parts = parts.shape[0]
