@@ -23,11 +23,14 @@
 #           the Llama-8B shape at batch 1, W1; each part writes its row as it ends
 #   quant   the same for FP8 (both --quantization fp8) and AWQ (an AutoAWQ-config copy of
 #           the folder, dummy weights): the 8B shape and W2, issue 23's same-run table
+#   lora    (call 5, after the two LoRA kernel changes; carry .whl .gpu) the LoRA GPU tests,
+#           then batch-1 decode with an adapter and W1 over 4 adapters, two W1 runs each
+#           (the first may compile; the second is the figure)
 #   engine  Engine only: the masked row sampler's GPU tests, LoRA batch-1 decode and W1
 #           over 4 adapters with a kernel table of each run (lora_gpu.py --profile), then
 #           the JSON schema at batch 256 with the masked row sampler against its pipeline
 set -uo pipefail
-MODE="${1:?part1, sbs, quant or engine}"
+MODE="${1:?part1, sbs, quant, lora or engine}"
 if [ "$MODE" = part1 ]; then
     ls -la "$HOME/vparts"
     PYTHONPATH=sdk:core:tests/fused timeout 150 python3 -m pytest -q -p no:cacheprovider \
@@ -52,6 +55,13 @@ elif [ "$MODE" = quant ]; then
         --model "$HOME/v/model" --out "$OUT/sbs_quant_round11.json" 2>&1 \
         | grep -v "^\$ \|^  exit" | tail -12
     tar -czf "$OUT/sbs_quant_logs.tgz" -C /tmp/sbs $(cd /tmp/sbs && ls *.log) 2>/dev/null
+elif [ "$MODE" = lora ]; then
+    py 150 -m pytest -q -p no:cacheprovider tests/fused/test_lora_kernels.py \
+        tests/fused/test_lora_merged_expand.py tests/fused/test_lora_gemv_epilogue.py \
+        tests/fused/test_lora_shrink_parts.py tests/lora/test_lora_cuda.py -k "not inside" \
+        2>&1 | tail -4
+    py 330 benchmarks/lora_gpu.py --quick --parts decode,w1 --decode-runs base,adapter \
+        --w1-runs 2 --out "$OUT/lora_round11.json" 2>&1 | grep -v "^\\$" | tail -12
 else
     py 120 -m pytest -q -p no:cacheprovider tests/fused/test_row_sampler.py \
         tests/fused/test_masked_row_sampler.py tests/lora/test_lora_cuda.py 2>&1 | tail -4
