@@ -118,16 +118,18 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     adapters = [LoRARequest(f"a{i}", i + 1, p) for i, p in enumerate(spec["adapters"])]
     llm = _llm(model, spec["lora"], spec.get("max_loras", 1))
     if spec["kind"] == "throughput":
-        prompts = _prompts(spec["num_prompts"], 512, 0)
         params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
         pool: list[Any] = {"base": [None], "mixed": [*adapters, None]}[spec["requests"]]
-        loras = [pool[i % len(pool)] for i in range(len(prompts))]
-        llm.generate(prompts[:8], params, use_tqdm=False, lora_request=loras[:8])  # warm up
+        loras = [pool[i % len(pool)] for i in range(spec["num_prompts"])]
+        warm = _prompts(8, 512, 1000)
+        llm.generate(warm, params, use_tqdm=False, lora_request=loras[:8])  # warm up
         from w4_profile_gpu import StepTimeline  # where a run's time goes: prefill or decode
 
         timeline = StepTimeline()
         runs = []
-        for _ in range(spec.get("runs", 1)):  # the last run is the figure (later ones: warm)
+        # the last run is the figure; each run its own prompts (no prefix-cache hits)
+        for run in range(spec.get("runs", 1)):
+            prompts = _prompts(spec["num_prompts"], 512, run)
             timeline.reset()
             start = time.perf_counter()
             outs = llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
@@ -141,7 +143,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
             })  # fmt: skip
         result = {**runs[-1], "runs": runs}
         if spec.get("profile"):
-            result["profile"] = profile_generate(llm, prompts, params, lora_request=loras)
+            fresh = _prompts(spec["num_prompts"], 512, 99)  # not cached by the runs
+            result["profile"] = profile_generate(llm, fresh, params, lora_request=loras)
         return result
     prompts = _prompts(1, 128, 1)
     params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)

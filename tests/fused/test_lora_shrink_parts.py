@@ -73,11 +73,14 @@ def test_blocked_split_follows_the_shape(monkeypatch):
     assert lora._blocked_split(256, 3072, cpu) == (8, 384)  # 48 steps: 9 wanted, 8 of 6 steps
     assert lora._blocked_split(1024, 1024, cpu) == (3, 384)  # 64 blocks: 3 parts
     assert lora._blocked_split(8192, 1024, cpu) == (1, 1024)  # 512 blocks: one part
-    for num_tokens in (128, 200, 256, 1000, 4096):
+    # one block would want 132 parts: capped at the expand's fixed BLOCK_P (16 of 3 steps)
+    assert lora._blocked_split(16, 3072, cpu) == (16, 192)
+    for num_tokens in (16, 128, 200, 256, 1000, 4096):
         for k in (40, 300, 1024, 3072, 5000):
             parts, k_per_part = lora._blocked_split(num_tokens, k, cpu)
             assert k_per_part % 64 == 0
             assert (parts - 1) * k_per_part < k <= parts * k_per_part  # none empty
+            assert parts <= lora.BLOCKED_MAX_PARTS
 
 
 @pytest.mark.parametrize("blocked", [False, True], ids=["per-token", "blocked"])

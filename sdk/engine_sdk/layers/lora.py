@@ -329,6 +329,7 @@ def _block(n: int, least: int = 16) -> int:
 # shrink splits K into parts to keep every SM busy. ``blocked=None`` picks by this
 # threshold (tests force either).
 BLOCKED_MIN_TOKENS = 128
+BLOCKED_MAX_PARTS = 16  # the blocked shrink's K parts at most (the blocked expand's BLOCK_P)
 _BLOCK_M = 16
 # the per-token shrink: rank rows and K columns of one program's tile
 _SHRINK_BLOCK_R = 16
@@ -363,8 +364,20 @@ def _blocked_split(
     program per multiprocessor; a long prefill chunk keeps one part::
 
         256 tokens, K 1024, 132 SMs  ->  8 parts of 128      8192 tokens  ->  1 part
-    """
-    return _k_parts(-(-num_tokens // _BLOCK_M), k, _BLOCKED_BLOCK_K, device, num_parts)
+
+    At most ``BLOCKED_MAX_PARTS``, the expand's fixed ``BLOCK_P``: one compiled expand for
+    every token count (round 11 on an H100: a step of a new size compiled new variants,
+    about 0.85 s inside a W1 run)."""
+    programs = -(-num_tokens // _BLOCK_M)
+    if num_parts is None:
+        num_parts = min(BLOCKED_MAX_PARTS, -(-_num_sms(device) // programs))
+    return _k_parts(programs, k, _BLOCKED_BLOCK_K, device, num_parts)
+
+
+def _num_sms(device: torch.device) -> int:
+    from engine_sdk.layers import split_k  # imports Triton: only where the kernels run
+
+    return split_k.num_multiprocessors(device)
 
 
 def _k_parts(
@@ -375,7 +388,7 @@ def _k_parts(
     from engine_sdk.layers import split_k
 
     if num_parts is None:
-        num_parts = -(-split_k.num_multiprocessors(device) // max(programs, 1))
+        num_parts = -(-_num_sms(device) // max(programs, 1))
     parts, steps_per_part = split_k.pick_split(1, -(-k // block_k), num_parts)
     return parts, steps_per_part * block_k
 
@@ -520,7 +533,7 @@ def lora_expand_triton(
             parts.stride(0), parts.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0),
             NUM_SLOTS=lora_b.shape[0], NUM_SLICES=len(sizes), BLOCK_M=_BLOCK_M,
             BLOCK_N=block_n, BLOCK_R=_block(r), DOT_PRECISION=_dot_precision(lora_b.dtype),
-            BLOCK_P=_block(parts.shape[0], 1),
+            BLOCK_P=max(BLOCKED_MAX_PARTS, _block(parts.shape[0], 1)),
         )  # fmt: skip
         return
     num_parts = parts.shape[0]
