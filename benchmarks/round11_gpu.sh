@@ -60,7 +60,7 @@ elif [ "$MODE" = lora ]; then
         tests/fused/test_lora_merged_expand.py tests/fused/test_lora_gemv_epilogue.py \
         tests/fused/test_lora_shrink_parts.py tests/lora/test_lora_cuda.py -k "not inside" \
         2>&1 | tail -4
-    py 330 benchmarks/lora_gpu.py --quick --parts decode,w1 --decode-runs base,adapter \
+    py 330 benchmarks/lora_gpu.py --quick --parts "${LORA_PARTS:-decode,w1}" --decode-runs base,adapter \
         --w1-runs 2 --out "$OUT/lora_round11.json" 2>&1 | grep -v "^\\$" | tail -12
 else
     py 120 -m pytest -q -p no:cacheprovider tests/fused/test_row_sampler.py \
