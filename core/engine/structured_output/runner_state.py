@@ -169,8 +169,9 @@ class StructuredOutputState:
         self, sr: ScheduledRequest, state: _RequestState, manager: StructuredOutputManager
     ) -> GrammarMatcher | None:
         assert state.constrain_from is not None
-        constrained = sr.request.output_token_ids[state.constrain_from :]
-        if state.matcher is None or state.num_consumed != len(constrained):
+        output = sr.request.output_token_ids
+        if state.matcher is None or state.num_consumed != len(output) - state.constrain_from:
+            constrained = output[state.constrain_from :]  # copied only to replay
             try:
                 state.matcher = manager.matcher_for(
                     sr.request.sampling_params.structured_outputs,  # type: ignore[arg-type]
