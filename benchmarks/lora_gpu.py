@@ -303,6 +303,9 @@ def main() -> None:
         "--decode-runs", default="base,base_lora_on,adapter", help="the decode part's runs"
     )
     parser.add_argument(
+        "--w1-configs", default="base,base_lora_on,mixed", help="the W1 part's configurations"
+    )
+    parser.add_argument(
         "--w1-runs", type=int, default=1, help="W1 runs per configuration; the last is reported"
     )
     parser.add_argument(
@@ -339,6 +342,7 @@ def main() -> None:
         w1_runs = (
             ("base", False, "base"), ("base_lora_on", True, "base"), ("mixed", True, "mixed"),
         ) if "w1" in parts else ()  # fmt: skip
+        w1_runs = tuple(r for r in w1_runs if r[0] in args.w1_configs.split(","))
         results["w1"] = {}
         for name, lora, requests in w1_runs:
             spec = {
