@@ -40,7 +40,11 @@ import triton.language as tl
 from engine_sdk.layers._fused_kernels import silu_mul
 
 
-@triton.jit
+# Ints that follow the step's token count are not specialized on (``do_not_specialize``):
+# one compiled kernel per projection for every batch and prefill size, so no request ever
+# waits for a compile after startup (Triton would otherwise compile a variant for an int
+# equal to 1 and one for a multiple of 16).
+@triton.jit(do_not_specialize=["K_PER_PART", "stride_pp"])
 def lora_shrink_kernel(
     x_ptr, a_ptr, parts_ptr, slots_ptr,
     K, R, K_PER_PART,
@@ -143,7 +147,7 @@ def _slice_tile(starts_ptr, N, j, NUM_SLICES: tl.constexpr, BLOCK_N: tl.constexp
     return s, n0, n1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_PARTS", "stride_hp"])
 def lora_expand_kernel(
     h_ptr, b_ptr, y_ptr, slots_ptr, starts_ptr,
     N, R, NUM_PARTS,
@@ -198,7 +202,7 @@ def lora_expand_kernel(
 # block of h, once for all the block's slots.
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "K_PER_PART", "stride_pp"])
 def lora_shrink_blocked_kernel(
     x_ptr, a_ptr, parts_ptr, slots_ptr,
     T, K, R, K_PER_PART,
@@ -241,7 +245,7 @@ def lora_shrink_blocked_kernel(
     )
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "NUM_PARTS", "stride_hp"])
 def lora_expand_blocked_kernel(
     h_ptr, b_ptr, y_ptr, slots_ptr, starts_ptr,
     T, N, R, NUM_PARTS,

@@ -330,6 +330,10 @@ def _block(n: int, least: int = 16) -> int:
 # threshold (tests force either).
 BLOCKED_MIN_TOKENS = 128
 BLOCKED_MAX_PARTS = 16  # the blocked shrink's K parts at most (the blocked expand's BLOCK_P)
+# The per-token expand's BLOCK_P at least: the parts of every split from 5 tokens up (at
+# most 132 SMs / 5), so one compiled expand serves them all; more only for long K at 1-4
+# tokens (the decode graphs' sizes, compiled when they are captured).
+PER_TOKEN_BLOCK_P = 32
 _BLOCK_M = 16
 # the per-token shrink: rank rows and K columns of one program's tile
 _SHRINK_BLOCK_R = 16
@@ -542,7 +546,7 @@ def lora_expand_triton(
         n, r, num_parts,
         parts.stride(0), parts.stride(1), lora_b.stride(0), lora_b.stride(1), y.stride(0),
         NUM_SLICES=len(sizes), BLOCK_N=block_n, BLOCK_R=_block(r),
-        BLOCK_P=_block(num_parts, 1),
+        BLOCK_P=max(PER_TOKEN_BLOCK_P, _block(num_parts, 1)),
     )  # fmt: skip
 
 
