@@ -146,10 +146,17 @@ def main() -> None:
     table: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
     table["commit"] = commit.stdout.strip() or os.environ.get("ENGINE_COMMIT", "")
+
+    def keep(part: str, row: dict[str, Any]) -> None:
+        """Write the table now: a call cut by its time limit keeps the rows so far."""
+        table[part] = row
+        args.out.write_text(json.dumps(table, indent=1))
+
     for part in args.parts.split(","):
-        row: dict[str, Any] = {}
+        row: dict[str, Any] = {"metric": "output_tokens_per_s"}
         if part == "w1":
             row["engine"] = engine(work, "w1", "throughput", qwen, W1[1], False)
+            keep(part, row)
             if args.sync:
                 row["engine_sync"] = engine(work, "w1_sync", "throughput", qwen, W1[1], True)
             vargs = ["--dataset-name", "random", "--random-input-len", "512"]
@@ -158,6 +165,7 @@ def main() -> None:
             key = "output_tokens_per_s"
         elif part == "w4":
             row["engine"] = engine(work, "w4", "throughput", qwen, W4_ENGINE, False)
+            keep(part, row)
             if args.sync:
                 row["engine_sync"] = engine(work, "w4_sync", "throughput", qwen, W4_ENGINE, True)
             row["vllm"] = run_vllm(work, "w4_vllm", "throughput", qwen, W4_VLLM)
@@ -165,6 +173,7 @@ def main() -> None:
         elif part == "prefill":  # W1's prompts with one output token: prefill rate
             pargs = ["--num-prompts", "1024", "--input-len", "512", "--output-len", "1"]
             row["engine"] = engine(work, "prefill", "throughput", qwen, pargs, False)
+            keep(part, {**row, "metric": "prefill_tokens_per_s"})
             vargs = ["--dataset-name", "random", "--random-input-len", "512"]
             vargs += ["--random-output-len", "1", "--num-prompts", "1024"]
             v = run_vllm(work, "prefill_vllm", "throughput", qwen, vargs)
@@ -189,6 +198,7 @@ def main() -> None:
             iters = ["--num-iters", "3", "--num-iters-warmup", "1"]
             iters += ["--quantization", "fp8"] if quant == "fp8" else []
             row["engine"] = engine(work, part, "latency", model, W2 + iters, False)
+            keep(part, {**row, "metric": "ms_per_output_token"})
             if args.sync:
                 row["engine_sync"] = engine(
                     work, part + "_sync", "latency", model, W2 + iters, True
@@ -206,8 +216,7 @@ def main() -> None:
                 e[key] / v[key] if key.endswith("per_s") else v[key] / e[key]
             )  # > 1: Engine faster
         row["metric"] = key
-        table[part] = row
-        args.out.write_text(json.dumps(table, indent=1))
+        keep(part, row)
     print("\npart        metric                 engine      engine_sync  vllm        engine/vllm")
     for part in args.parts.split(","):
         row = table[part]
