@@ -40,6 +40,14 @@ def _expanded(y, h, b, slots, slices) -> torch.Tensor:
     return out
 
 
+@pytest.fixture(params=[2, 8], ids=["block_n2", "block_n8"])
+def lora_block_n(request, monkeypatch):
+    """Weight rows per program of the GEMVs with the epilogue (``ENGINE_LORA_GEMV_BLOCK_N``):
+    the default, and wider tiles that straddle more slices."""
+    monkeypatch.setattr(gemv, "LORA_BLOCK_N", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "rows,sizes,rank,k,num_parts,row_slots",
@@ -50,7 +58,9 @@ def _expanded(y, h, b, slots, slices) -> torch.Tensor:
         (2, (7,), 16, 512, 4, [-1, -1]),  # no adapter row: the base GEMV unchanged
     ],
 )
-def test_gemv_epilogue_equals_gemv_then_expand(rows, sizes, rank, k, num_parts, row_slots, dtype):
+def test_gemv_epilogue_equals_gemv_then_expand(
+    rows, sizes, rank, k, num_parts, row_slots, dtype, lora_block_n
+):
     gen = torch.Generator().manual_seed(rows * 7 + k + rank)
     n = sum(sizes)
     x = torch.randn(rows, k, generator=gen).to(dtype).to(DEVICE)
@@ -87,7 +97,7 @@ def test_gemv_epilogue_equals_gemv_then_expand(rows, sizes, rank, k, num_parts, 
     ],
 )
 def test_shrink_over_the_fused_norm_and_the_norm_gemv_epilogue(
-    rows, k, sizes, num_parts, row_slots, dtype
+    rows, k, sizes, num_parts, row_slots, dtype, lora_block_n
 ):
     """The shrink that normalizes x + residual itself gives the parts of the separate
     shrink over add_rms_norm's output; the norm GEMV with the epilogue equals add_rms_norm,

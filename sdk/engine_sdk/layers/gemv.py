@@ -63,6 +63,11 @@ NORM_MAX_K = 4096  # gemv_add_rms_norm holds a whole row in one tile
 # gate (and as many up) rows per program of the gated gemv_add_rms_norm: two weight rows a
 # program, as the plain kernel's measured best; ENGINE_GATED_BLOCK_N for sweeps
 GATED_BLOCK_N = int(os.environ.get("ENGINE_GATED_BLOCK_N", "1"))
+# Weight rows per program of a GEMV with the LoRA epilogue (adapter steps). Each program's
+# epilogue loads and sums the shrink's parts of its slices: fewer, wider programs load them
+# fewer times (round 11: the epilogue added 1-2 us to each GEMV). Default: the plain
+# kernel's 2, until a sweep (ENGINE_LORA_GEMV_BLOCK_N, a power of two) measures better.
+LORA_BLOCK_N = int(os.environ.get("ENGINE_LORA_GEMV_BLOCK_N", "2"))
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -221,6 +226,8 @@ def gemv(
     n, k = weight.shape
     out = torch.empty(num_rows, n, dtype=out_dtype or x.dtype, device=x.device)
     block_n, block_k, warps = tiles or pick_tiles(n, k)
+    if lora is not None and tiles is None:
+        block_n = LORA_BLOCK_N
     block_m = max(1, 1 << (num_rows - 1).bit_length())
     lora_args, lora_constants = _lora_args(lora, weight)
     extra = 0 if lora is None else lora.extra_programs
@@ -259,7 +266,7 @@ def gemv_add_rms_norm(
     new_residual = torch.empty(num_rows, k, dtype=x.dtype, device=x.device)
     block_k = max(16, 1 << (k - 1).bit_length())
     block_m = max(1, 1 << (num_rows - 1).bit_length())
-    block_n = GATED_BLOCK_N if gated else 2
+    block_n = GATED_BLOCK_N if gated else LORA_BLOCK_N if lora is not None else 2
     lora_args, lora_constants = _lora_args(lora, weight)
     extra = 0 if lora is None else lora.extra_programs
     _norm_kernel()[(-(-n // block_n) + extra,)](  # type: ignore[index]

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Device calls planned at the end of round 11 (2026-12-06; not yet run: the session's device
+# time ran out). Engine only unless noted; each mode is one call carrying .whl and .gpu, from
+# the committed tree:
+#   git archive --format=tar.gz HEAD sdk core plugins benchmarks tests > .gpu/clean.tgz
+#   command: rm -rf /tmp/c && mkdir -p /tmp/c && tar -xzf .gpu/clean.tgz -C /tmp/c \
+#            && cp -r .whl .gpu /tmp/c/ && cd /tmp/c && bash benchmarks/round12_gpu.sh MODE
+# Modes:
+#   lora    the LoRA GPU tests (round 11's one-compile and block-width changes), the full W1
+#           over 4 adapters + base (1024 prompts: issue 19's >= 80% of base), then batch-1
+#           decode with an adapter at ENGINE_LORA_GEMV_BLOCK_N 2, 4, 8 (the epilogue's
+#           loads amortized over wider GEMV programs; make the best the default)
+#   schema  the JSON schema at batch 256 (structured_e2e_gpu.py, 3 runs) after round 11's
+#           runner change; its host share is the open question (docs/performance.md
+#           "Round 11")
+# The vLLM side (W1 with vLLM beside it, cut in round 11, and issue 23's FP8/AWQ table)
+# takes round11_gpu.sh's part1 / sbs / quant calls.
+set -uo pipefail
+MODE="${1:?lora or schema}"
+source benchmarks/device_install.sh
+nvidia-smi --query-gpu=name --format=csv,noheader
+if [ "$MODE" = lora ]; then
+    py 150 -m pytest -q -p no:cacheprovider tests/fused/test_lora_kernels.py \
+        tests/fused/test_lora_merged_expand.py tests/fused/test_lora_gemv_epilogue.py \
+        tests/fused/test_lora_shrink_parts.py tests/lora/test_lora_cuda.py -k "not inside" \
+        2>&1 | tail -4
+    py 200 benchmarks/lora_gpu.py --parts w1 --w1-configs base,mixed \
+        --out "$OUT/lora_w1_full.json" 2>&1 | tail -4
+    for bn in 2 4 8; do
+        ENGINE_LORA_GEMV_BLOCK_N=$bn py 90 benchmarks/lora_gpu.py --quick --parts decode \
+            --decode-runs adapter --out "$OUT/lora_decode_bn$bn.json" 2>&1 \
+            | grep "one adapter" | sed "s/^/block_n=$bn /"
+    done
+else
+    (cd benchmarks && py 300 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
+        --runs 3 --out "$OUT/structured_e2e.json" > "$OUT/structured_e2e.log" 2>&1)
+    grep '"added\|Error' "$OUT/structured_e2e.log" | tail -6
+fi
