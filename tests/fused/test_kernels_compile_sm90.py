@@ -36,6 +36,28 @@ def test_gemv_with_the_lora_epilogue(
     assert ("gpu.release.add" in ptx and "ld.global.gpu.acquire" in ptx) == shrink
 
 
+def test_gate_up_with_the_expand_deferred() -> None:
+    """``ENGINE_LORA_EXPAND_IN_ACT``: the gate/up norm GEMV whose first programs write the
+    shrink and signal nothing (no release, no acquire, no epilogue), and the activation's
+    kernel that adds the gate/up expand."""
+    constants = {
+        "HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 2, "BLOCK_K": 1024, "LORA": False,
+        "NUM_SLICES": 2, "BLOCK_R": 16, "BLOCK_P": 2, "SHRINK": True, "SHRINK_K": 256,
+    }  # fmt: skip
+    types = {**_LORA_TYPES, "flag_ptr": "*i32"}
+    gemv = compile_for_gpu(
+        "engine_sdk.layers._gemv_kernels", "gemv_add_rms_norm_kernel", constants, types
+    )
+    assert gemv["cubin_bytes"] > 0
+    assert "gpu.release" not in gemv["ptx"] and "acquire" not in gemv["ptx"]
+    silu = compile_for_gpu(
+        "engine_sdk.layers._lora_kernels", "silu_mul_lora_shrink_kernel",
+        {"BLOCK_R": 16, "BLOCK_K": 256, "GU_EXPAND": True, "BLOCK_GP": 2},
+        {"parts_ptr": "*fp32", "slots_ptr": "*i32", "gp_ptr": "*fp32"},
+    )  # fmt: skip
+    assert silu["cubin_bytes"] > 0
+
+
 def test_lora_shrink_and_expand_kernels() -> None:
     module = "engine_sdk.layers._lora_kernels"
     fp32_parts = {"parts_ptr": "*fp32", "h_ptr": "*fp32", "slots_ptr": "*i32", "eps": "fp32"}

@@ -162,6 +162,86 @@ def test_silu_and_mul_with_the_down_shrink(monkeypatch, rows, inter, rank, num_p
             assert not parts[:, i].any()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "rows,inter,rank,gu_parts,row_slots",
+    [(1, 96, 16, 3, [1]), (3, 300, 8, 2, [0, -1, 1]), (2, 1100, 16, 5, [-1, 1])],
+)
+def test_silu_and_mul_adds_the_deferred_gate_up_expand(
+    monkeypatch, rows, inter, rank, gu_parts, row_slots, dtype
+):
+    """With the gate/up adapter's expand deferred to it, the activation's kernel gives the
+    activation of the separate expand then the separate activation bit for bit (each
+    rounding at its place; the deltas here are sums of eighths, exact in any order), and
+    the down shrink over that activation."""
+    from engine_sdk.layers import fused_ops
+
+    monkeypatch.setenv("ENGINE_FUSED_OPS", "force")
+    gen = torch.Generator().manual_seed(rows * 3 + inter)
+    gate_up = (torch.randn(rows, 2 * inter, generator=gen) * 2).to(dtype).to(DEVICE)
+    a_down, _ = _adapters(gen, 2, inter, (8,), rank, dtype)
+    b_gu = torch.randint(-2, 3, (2, 2 * inter, rank), generator=gen).to(dtype).to(DEVICE)
+    slots = torch.tensor(row_slots, dtype=torch.int32, device=DEVICE)
+    gu_slices = LoRASlices((inter, inter), DEVICE)
+    parts_gu = torch.randint(-2, 3, (gu_parts, rows, 2 * rank), generator=gen) / 8
+    parts_gu = parts_gu.float().to(DEVICE)
+    parts_gu[:, slots.cpu() < 0] = 0.0  # the shrink writes zeros for rows without adapter
+    pending = gemv.LoRAEpilogue(parts_gu, b_gu, slots, gu_slices.starts, 2)
+
+    act, parts = lora.silu_and_mul_lora_shrink_triton(gate_up, a_down, slots, gate_up_lora=pending)
+    delta = torch.zeros(rows, 2 * inter, device=DEVICE)
+    exact_delta = _expanded(delta, parts_gu.sum(0), b_gu, slots, gu_slices)  # float32, exact
+    expanded = _round_as_kernels(gate_up.float() + exact_delta, dtype)
+    want = fused_ops.silu_and_mul_merged(expanded)
+    assert torch.equal(act, want), (act.float() - want.float()).abs().max()
+    plain = fused_ops.silu_and_mul_merged(gate_up)
+    for i, slot in enumerate(row_slots):  # the delta is there, and only for adapter rows
+        assert torch.equal(act[i], plain[i]) == (slot < 0)
+    want_parts = lora.lora_shrink_reference(act, a_down, slots)
+    torch.testing.assert_close(parts.sum(0), want_parts.float(), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,row_slots", [(1, [1]), (3, [0, -1, 1])])
+def test_deferred_norm_gemv_writes_the_shrink_and_no_expand(rows, row_slots, dtype):
+    """``Linear.lora_add_rms_norm_deferred``: the GEMV's output is the base GEMV's bit for
+    bit (no expand in it), the residual too, and its first programs wrote the shrink over
+    the normalized rows that the separate shrink gives."""
+    from engine_sdk.layers import fused_ops
+
+    k, sizes, rank = 256, (48, 48), 16
+    layer = _lora_linear(k, sizes, rank, dtype, row_slots, seed=rows + 11)
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, k, generator=gen).to(dtype).to(DEVICE)
+    residual = torch.randn(rows, k, generator=gen).to(dtype).to(DEVICE)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to(dtype).to(DEVICE)
+    result = layer.lora_add_rms_norm_deferred(x, residual, norm_w, 1e-6)
+    assert result is not None
+    out, new_residual, pending = result
+    base, want_res = gemv.gemv_add_rms_norm(x, residual, norm_w, 1e-6, layer.weight, layer.bias)
+    assert torch.equal(out, base) and torch.equal(new_residual, want_res)
+    assert not pending.expand and pending.shrink is not None
+    normed, _ = fused_ops.add_rms_norm(x, residual, norm_w, 1e-6)
+    slots = torch.tensor(row_slots, dtype=torch.int32, device=DEVICE)
+    h_want = lora.lora_shrink_reference(normed, layer.lora.lora_a, slots)
+    h_tol = (
+        4
+        * torch.finfo(dtype).eps
+        * (normed.float().abs() @ layer.lora.lora_a.float().abs().flatten(0, 1).T)
+    )
+    h_tol = h_tol.view(rows, 2, -1).amax(1)
+    assert bool(((pending.parts.sum(0) - h_want).abs() <= h_tol + 1e-4).all())
+    assert h_want.abs().max() > 0.1
+
+
+def _round_as_kernels(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` (float32) rounded to ``dtype`` as the Triton kernels round it here: to nearest
+    even on a GPU; Triton's interpreter truncates to bfloat16."""
+    if DEVICE == "cpu" and dtype == torch.bfloat16:
+        return (x.view(torch.int32) & ~0xFFFF).view(torch.float32).to(dtype)
+    return x.to(dtype)
+
+
 def _lora_linear(k, sizes, rank, dtype, row_slots, seed):
     gen = torch.Generator().manual_seed(seed)
     layer = Linear(k, sum(sizes), bias=True, params_dtype=dtype)
@@ -210,16 +290,20 @@ def test_linear_runs_one_gemv_with_the_epilogue_at_decode(monkeypatch):
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the SDK's dense test attention runs on the CPU")
-@pytest.mark.parametrize("in_gemv", [False, True], ids=["shrink_launches", "shrink_in_gemv"])
-def test_decoder_with_adapters_takes_the_fused_kernels_at_decode(monkeypatch, tmp_path, in_gemv):
+@pytest.mark.parametrize("mode", ["shrink_launches", "shrink_in_gemv", "expand_in_act"])
+def test_decoder_with_adapters_takes_the_fused_kernels_at_decode(monkeypatch, tmp_path, mode):
     """One token with an adapter through a tiny bf16 Qwen3: q/k/v and gate/up run the
     norm GEMV with the epilogue, o and down the plain GEMV with it, and the logits equal
     the unfused path (library GEMMs and the reference LoRA) and differ from the base's.
     With ``ENGINE_LORA_SHRINK_IN_GEMV=1`` no shrink runs as a launch of its own (down's
-    is in the activation's kernel, the others inside their GEMVs)."""
+    is in the activation's kernel, the others inside their GEMVs). With
+    ``ENGINE_LORA_EXPAND_IN_ACT=1`` gate/up's shrink is inside its GEMV and its expand in
+    the activation's kernel: q/k/v and o keep their shrink launches."""
     from tiny_decoder import tiny_bf16_qwen3
 
+    in_gemv = mode == "shrink_in_gemv"
     monkeypatch.setenv("ENGINE_LORA_SHRINK_IN_GEMV", "1" if in_gemv else "0")
+    monkeypatch.setenv("ENGINE_LORA_EXPAND_IN_ACT", "1" if mode == "expand_in_act" else "0")
     shrink_launches = []
     for name in ("lora_shrink_triton", "lora_shrink_add_rms_norm_triton"):
         original = getattr(lora, name)
@@ -255,8 +339,11 @@ def test_decoder_with_adapters_takes_the_fused_kernels_at_decode(monkeypatch, tm
 
     silu_fn = lora.silu_and_mul_lora_shrink_triton
 
+    deferred = []
+
     def silu_shrink(*args, **kwargs):
         calls["silu_shrink"] += 1
+        deferred.append(kwargs.get("gate_up_lora") is not None)
         return silu_fn(*args, **kwargs)
 
     monkeypatch.setattr(gemv, "gemv_add_rms_norm", norm)
@@ -273,8 +360,10 @@ def test_decoder_with_adapters_takes_the_fused_kernels_at_decode(monkeypatch, tm
         "gemv_epilogue": 2 * num_layers + 1,
         "silu_shrink": num_layers,
     }
-    # one shrink launch per q/k/v, o and gate/up projection, or none
-    assert len(shrink_launches) == (0 if in_gemv else 3 * num_layers)
+    # one shrink launch per q/k/v, o and gate/up projection, or none, or gate/up's not
+    per_layer = {"shrink_launches": 3, "shrink_in_gemv": 0, "expand_in_act": 2}[mode]
+    assert len(shrink_launches) == per_layer * num_layers
+    assert deferred == [mode == "expand_in_act"] * num_layers
     monkeypatch.setenv("ENGINE_GEMV", "0")
     monkeypatch.setenv("ENGINE_LORA_KERNELS", "0")
     lora._kernels.cache_clear()

@@ -104,7 +104,9 @@ def gemv_add_rms_norm_kernel(
     read from L2) and program 0 stores the sum, the new residual. The roundings are those
     of ``add_rms_norm_kernel``: the sum to the dtype, the normalized value to the dtype,
     then times the weight, rounded. ``SHRINK``: as in ``gemv_kernel``, over the
-    normalized rows. ``GATED`` (no LoRA): ``w`` is a merged ``[gate | up]`` of ``2 * N``
+    normalized rows; ``SHRINK`` without ``LORA``: the shrink programs only write the parts
+    (no signal, no epilogue: a later kernel adds the expand, ``lora.LoRALayer.
+    deferred_expand``). ``GATED`` (no LoRA): ``w`` is a merged ``[gate | up]`` of ``2 * N``
     rows; a program reads gate rows ``n`` and up rows ``N + n`` and stores
     ``silu(gate) * up`` (the roundings of the GEMV then ``silu_mul_merged_kernel``)."""
     pid = tl.program_id(0)
@@ -114,6 +116,7 @@ def gemv_add_rms_norm_kernel(
                 pid, x_ptr, r_ptr, nw_ptr, eps, out_ptr, M, K, stride_xm, stride_rm,
                 la_ptr, lp_ptr, slots_ptr, flag_ptr, NUM_SLICES * R, NUM_RB, K_PER_PART,
                 stride_las, stride_lar, stride_lpp, stride_lpt, BLOCK_M, True, BLOCK_K, SHRINK_K,
+                LORA,
             )  # fmt: skip
             return
         pid -= NUM_SHRINK
@@ -168,7 +171,7 @@ def gemv_add_rms_norm_kernel(
     _store_rows(
         acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS, w_ptr.dtype.element_ty
     )  # fmt: skip
-    if SHRINK:
+    if SHRINK and LORA:
         _finish_shrink(flag_ptr, tl.cdiv(N, BLOCK_N))
 
 
@@ -248,11 +251,13 @@ def _shrink_program(
     la_ptr, lp_ptr, slots_ptr, flag_ptr, RS, NUM_RB, K_PER_PART,
     stride_las, stride_lar, stride_lpp, stride_lpt,
     BLOCK_M: tl.constexpr, NORM: tl.constexpr, ROW_K: tl.constexpr, SHRINK_K: tl.constexpr,
+    SIGNAL: tl.constexpr = True,
 ):  # fmt: skip
     """Shrink program ``q`` of a GEMV launch: rank rows ``16 * (q % NUM_RB) ..`` of each
     row's adapter ``A [slot, RS, K]`` over part ``q // NUM_RB`` of K (``K_PER_PART``) into
-    ``lp [P, M, RS]`` (zeros for rows without an adapter), then one arrival on
-    ``flag_ptr[0]`` (release) that the GEMV programs wait for (``_wait_for_shrink``).
+    ``lp [P, M, RS]`` (zeros for rows without an adapter), then (``SIGNAL``) one arrival on
+    ``flag_ptr[0]`` (release) that the GEMV programs wait for (``_wait_for_shrink``);
+    without it a later launch reads the parts (the expand outside this GEMV).
     With ``NORM`` the input is ``rms_norm(x + r) * nw`` with the fused GEMV's roundings
     (the row's sum of squares from one ``ROW_K`` load)."""
     dt = out_ptr.dtype.element_ty
@@ -294,9 +299,9 @@ def _shrink_program(
             lp_ptr + part * stride_lpp + m * stride_lpt + offs_r, tl.sum(acc, 1),
             mask=r_ok & (m < M),
         )  # fmt: skip
-    # Every thread's part is written before one thread announces it (release).
-    tl.debug_barrier()
-    tl.atomic_add(flag_ptr, 1, sem="release", scope="gpu")
+    if SIGNAL:  # every thread's part is written before one thread announces it (release)
+        tl.debug_barrier()
+        tl.atomic_add(flag_ptr, 1, sem="release", scope="gpu")
 
 
 @triton.jit

@@ -300,13 +300,20 @@ def silu_mul_lora_shrink_kernel(
     gu_ptr, out_ptr, a_ptr, parts_ptr, slots_ptr,
     inter, R, K_PER_PART,
     stride_gu, stride_o, stride_as, stride_ar, stride_pp, stride_pt,
+    gp_ptr, gb_ptr, G_NUM_PARTS, stride_gpp, stride_gpt, stride_gbs, stride_gbn,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    GU_EXPAND: tl.constexpr = False, BLOCK_GP: tl.constexpr = 1,
 ):  # fmt: skip
     """``silu(gate) * up`` of a merged ``[gate | up]`` row (the roundings of
     ``silu_mul_merged_kernel``) and, on the way, the shrink of that output for the next
     projection (down): program (t, p) stores its part of the activation and its partial
     product ``parts[p, t, :R]`` (zeros for a slot -1 token), so the down projection's
-    adapter needs no launch of its own before the GEMV that expands it."""
+    adapter needs no launch of its own before the GEMV that expands it.
+
+    ``GU_EXPAND``: ``gate_up`` still lacks its own adapter's delta (the gate/up GEMV only
+    wrote its shrink's parts ``gp [P, T, 2R]``, slices gate then up): each program adds
+    ``B[slot] @ h`` to its gate and up columns first, rounded as the separate expand
+    rounds, so the gate/up adapter costs no launch and no GEMV epilogue."""
     t = tl.program_id(0)
     part = tl.program_id(1)
     offs_r = tl.arange(0, BLOCK_R)
@@ -315,12 +322,27 @@ def silu_mul_lora_shrink_kernel(
     a_base = a_ptr + tl.maximum(slot, 0).to(tl.int64) * stride_as
     k_start = part * K_PER_PART
     k_end = tl.minimum(k_start + K_PER_PART, inter)
+    dt = gu_ptr.dtype.element_ty
+    if GU_EXPAND:  # the gate and up slices of this row's h, the parts summed
+        offs_gp = tl.arange(0, BLOCK_GP)
+        h_rows = gp_ptr + offs_gp[:, None] * stride_gpp + t * stride_gpt + offs_r[None, :]
+        h_ok = (offs_gp[:, None] < G_NUM_PARTS) & (offs_r[None, :] < R) & has_adapter
+        h_gate = tl.sum(tl.load(h_rows, mask=h_ok, other=0.0), axis=0)
+        h_up = tl.sum(tl.load(h_rows + R, mask=h_ok, other=0.0), axis=0)
+        gb_base = gb_ptr + tl.maximum(slot, 0).to(tl.int64) * stride_gbs
     acc = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < k_end
         g = tl.load(gu_ptr + t * stride_gu + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         u = tl.load(gu_ptr + t * stride_gu + inter + offs_k, mask=mask_k, other=0.0)
+        if GU_EXPAND:
+            b_ok = mask_k[:, None] & (offs_r[None, :] < R) & has_adapter
+            b_rows = gb_base + offs_k[:, None] * stride_gbn + offs_r[None, :]
+            b_gate = tl.load(b_rows, mask=b_ok, other=0.0).to(tl.float32)
+            b_up = tl.load(b_rows + inter * stride_gbn, mask=b_ok, other=0.0).to(tl.float32)
+            g = (g + tl.sum(b_gate * h_gate[None, :], axis=1)).to(dt).to(tl.float32)
+            u = (u.to(tl.float32) + tl.sum(b_up * h_up[None, :], axis=1)).to(dt)
         act = silu_mul(g, u.to(tl.float32)).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + t * stride_o + offs_k, act, mask=mask_k)
         a = tl.load(

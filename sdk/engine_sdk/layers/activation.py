@@ -12,9 +12,11 @@ import torch
 
 from engine_sdk.layers import fused_ops
 from engine_sdk.layers.linear import Linear, merge_linears
+from engine_sdk.layers.lora import lora_expand
 
 if TYPE_CHECKING:
     from engine_sdk.interfaces.quantization import QuantizationConfig
+    from engine_sdk.layers.gemv import LoRAEpilogue
 
 __all__ = ["GATED_ACTIVATIONS", "GatedMLP", "act_and_mul", "check_gated_activation", "silu_and_mul"]
 
@@ -79,14 +81,27 @@ class GatedMLP(torch.nn.Module):
         out: torch.Tensor = self.down_proj(hidden)
         return out
 
-    def forward_gate_up(self, gate_up: torch.Tensor) -> torch.Tensor:
+    def forward_gate_up(
+        self, gate_up: torch.Tensor, gate_up_lora: LoRAEpilogue | None = None
+    ) -> torch.Tensor:
         """The rest of ``forward`` from the merged gate/up output (a caller that computed
-        it with a fused kernel continues here)."""
+        it with a fused kernel continues here). ``gate_up_lora``: the gate/up adapter's
+        expand, not yet in ``gate_up`` (``Linear.lora_add_rms_norm_deferred``): the
+        activation's kernel adds it, or the separate expand does first."""
         if self.hidden_act == "silu" and gate_up.dim() == 2:
             # decode with adapters: the down projection's shrink rides in the activation
-            fused = self.down_proj.lora_silu_and_mul(gate_up)
+            fused = self.down_proj.lora_silu_and_mul(gate_up, gate_up_lora)
             if fused is not None:
                 return fused
+        if gate_up_lora is not None:  # no kernel to take it: the expand on its own
+            assert self.gate_up_proj is not None and self.gate_up_proj.lora is not None
+            lora_expand(
+                gate_up,
+                gate_up_lora.parts.sum(0),
+                gate_up_lora.lora_b,
+                gate_up_lora.slots,
+                self.gate_up_proj.lora.slices,
+            )
         if self.hidden_act != "silu":
             gate, up = gate_up.chunk(2, dim=-1)
             hidden = act_and_mul(gate, up, self.hidden_act)

@@ -26,6 +26,7 @@ from engine_sdk.layers.activation import GatedMLP
 from engine_sdk.layers.attention import KV_SCALE_SUFFIXES, Attention, load_kv_scale
 from engine_sdk.layers.embedding import LMHead, VocabEmbedding
 from engine_sdk.layers.linear import Linear, is_method_only, is_plain_linear, merge_linears
+from engine_sdk.layers.lora import expand_in_act
 from engine_sdk.layers.norm import RMSNorm
 from engine_sdk.layers.parallel import (
     ColumnParallelLinear,
@@ -278,6 +279,12 @@ class DecoderLayer(torch.nn.Module):
             if pair is not None:
                 hidden, residual = pair
                 return mlp.down_proj(hidden), residual
+            deferred = _norm_gate_up_deferred(
+                self.post_attention_layernorm, mlp, hidden_states, residual
+            )
+            if deferred is not None:
+                gate_up, residual, pending = deferred
+                return mlp.forward_gate_up(gate_up, pending), residual
             pair = _norm_then_gemv(
                 self.post_attention_layernorm, mlp.gate_up_proj, hidden_states, residual
             )
@@ -311,6 +318,22 @@ def _norm_then_gemv(
     if not is_method_only(proj):  # adapters in this step: the GEMV with the LoRA epilogue
         return proj.lora_add_rms_norm(x, residual, norm.weight, norm.eps)
     return proj.quant_method.apply_add_rms_norm(proj, x, residual, norm.weight, norm.eps, proj.bias)
+
+
+def _norm_gate_up_deferred(
+    norm: torch.nn.Module, mlp: GatedMLP, x: torch.Tensor, residual: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, gemv.LoRAEpilogue] | None:
+    """With adapters in a decode step and ``ENGINE_LORA_EXPAND_IN_ACT=1``: the merged
+    gate/up through the fused add+RMSNorm GEMV that writes its adapter's shrink from its
+    own first programs, the expand left to the SiLU-and-mul kernel (``(gate_up without
+    the expand, x + residual, the expand)``); None elsewhere."""
+    proj = mlp.gate_up_proj
+    if not (_fused_norm_enabled() and expand_in_act()) or mlp.hidden_act != "silu":
+        return None
+    if type(norm) is not RMSNorm or not isinstance(proj, Linear) or is_method_only(proj):
+        return None
+    assert isinstance(norm, RMSNorm)
+    return proj.lora_add_rms_norm_deferred(x, residual, norm.weight, norm.eps)
 
 
 @functools.lru_cache(maxsize=1)

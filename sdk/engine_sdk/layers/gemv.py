@@ -154,6 +154,9 @@ class LoRAEpilogue(NamedTuple):
     starts: torch.Tensor
     num_slices: int
     shrink: GemvShrink | None = None  # None: the shrink ran before (``parts`` hold it)
+    # False (with ``shrink``): the GEMV only writes the shrink's parts; a later kernel adds
+    # the expand (``lora.LoRALayer.deferred_add_rms_norm``)
+    expand: bool = True
 
     def args(self) -> tuple[object, ...]:
         """The kernels' LoRA arguments, in their order."""
@@ -177,7 +180,7 @@ class LoRAEpilogue(NamedTuple):
     def constants(self) -> dict[str, object]:
         rank = self.lora_b.shape[2]
         return {
-            "LORA": True,
+            "LORA": self.expand,
             "NUM_SLICES": self.num_slices,
             "BLOCK_R": max(16, 1 << (rank - 1).bit_length()),
             "BLOCK_P": 1 << (self.parts.shape[0] - 1).bit_length(),
@@ -188,6 +191,7 @@ class LoRAEpilogue(NamedTuple):
 def _lora_args(
     lora: LoRAEpilogue | None, weight: torch.Tensor
 ) -> tuple[tuple[object, ...], dict[str, object]]:
+    assert lora is None or lora.expand or lora.shrink is not None, "no shrink, no expand"
     if lora is None:  # the pointers are never read (LORA off): any tensor does
         return (weight, weight, weight, weight, 0, 0, 0, 0, 0, 0, weight, weight, 0, 1, 0, 0, 0), {}
     assert lora.parts.stride(-1) == 1 and lora.lora_b.stride(-1) == 1
@@ -222,6 +226,7 @@ def gemv(
     the result rounded to the weight's dtype, without a second launch to widen it."""
     kernel = _kernel()
     assert kernel is not None
+    assert lora is None or lora.expand, "a deferred expand needs the add+RMSNorm GEMV"
     num_rows = x.shape[0]
     n, k = weight.shape
     out = torch.empty(num_rows, n, dtype=out_dtype or x.dtype, device=x.device)

@@ -158,11 +158,33 @@ class Linear(torch.nn.Module):
             epilogue = lora.epilogue_add_rms_norm(x, residual, norm_weight, eps)
         return gemv.gemv_add_rms_norm(x, residual, norm_weight, eps, weight, self.bias, epilogue)
 
-    def lora_silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
+    def lora_add_rms_norm_deferred(
+        self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor, gemv.LoRAEpilogue] | None:
+        """``lora_add_rms_norm`` without the expand: ``(base output, x + residual, what
+        the next kernel needs to add the expand)``, the shrink written by the GEMV's own
+        first programs (``LoRALayer.deferred_add_rms_norm``); None where that does not run
+        (the conditions of ``lora_add_rms_norm``)."""
+        lora = self._fusable_lora()
+        if lora is None:
+            return None
+        weight: torch.Tensor = self.weight  # type: ignore[assignment]
+        if not gemv.use_gemv_add_rms_norm(x, residual, weight) or not lora.fuses_into_gemv(x):
+            return None
+        pending = lora.deferred_add_rms_norm(x)
+        out, new_residual = gemv.gemv_add_rms_norm(
+            x, residual, norm_weight, eps, weight, self.bias, pending
+        )
+        return out, new_residual, pending
+
+    def lora_silu_and_mul(
+        self, gate_up: torch.Tensor, gate_up_lora: gemv.LoRAEpilogue | None = None
+    ) -> torch.Tensor | None:
         """``self(silu(gate) * up)`` of a merged ``gate_up`` [M, 2 * in] with the adapters of
         this step as two kernels (the activation with the shrink, then ``gemv.gemv`` with
         the expand in its epilogue), or None where that does not run (the conditions of
-        ``lora_add_rms_norm``)."""
+        ``lora_add_rms_norm``). ``gate_up_lora``: the gate/up adapter's expand, still to
+        be added to ``gate_up`` (``lora_add_rms_norm_deferred``), added by the first kernel."""
         lora = self._fusable_lora()
         if lora is None:
             return None
@@ -172,7 +194,7 @@ class Linear(torch.nn.Module):
         rows = gate_up[:, : weight.shape[1]]  # the activation's shape, for the checks
         if not gemv.use_gemv(rows, weight) or not lora.fuses_into_gemv(rows):
             return None
-        act, epilogue = lora.epilogue_silu_and_mul(gate_up)
+        act, epilogue = lora.epilogue_silu_and_mul(gate_up, gate_up_lora)
         return gemv.gemv(act, weight, self.bias, lora=epilogue)
 
     def _fusable_lora(self) -> LoRALayer | None:

@@ -185,11 +185,24 @@ class LoRALayer:
             parts, self.lora_b, slots, self.slices.starts, self.slices.num_slices, shrink
         )
 
-    def epilogue_silu_and_mul(self, gate_up: torch.Tensor) -> tuple[torch.Tensor, LoRAEpilogue]:
+    def deferred_add_rms_norm(self, x: torch.Tensor) -> LoRAEpilogue:
+        """What the fused add+RMSNorm GEMV needs to write this layer's shrink (over its
+        normalized rows) from its own first programs and add no expand: the expand is left
+        to the next kernel (``epilogue_silu_and_mul(gate_up_lora=...)``), so the adapter
+        of a merged gate/up costs no launch and no GEMV epilogue
+        (``ENGINE_LORA_EXPAND_IN_ACT=1``)."""
+        return self.epilogue_in_gemv(x)._replace(expand=False)
+
+    def epilogue_silu_and_mul(
+        self, gate_up: torch.Tensor, gate_up_lora: LoRAEpilogue | None = None
+    ) -> tuple[torch.Tensor, LoRAEpilogue]:
         """``silu(gate) * up`` of ``gate_up`` and ``epilogue`` of it, from one launch that
-        computes the activation and the shrink together (the down projection)."""
+        computes the activation and the shrink together (the down projection); with
+        ``gate_up_lora`` the gate/up adapter's deferred expand is added first."""
         slots = self.context.token_slots[: gate_up.shape[0]]
-        act, parts = silu_and_mul_lora_shrink_triton(gate_up, self.lora_a, slots)
+        act, parts = silu_and_mul_lora_shrink_triton(
+            gate_up, self.lora_a, slots, gate_up_lora=gate_up_lora
+        )
         return act, self._epilogue(parts, slots)
 
     def _epilogue(self, parts: torch.Tensor, slots: torch.Tensor) -> LoRAEpilogue:
@@ -244,6 +257,15 @@ SHRINK_IN_GEMV_K = 512  # inputs of one shrink program (fewer programs past 16 p
 
 def shrink_in_gemv() -> bool:
     return os.environ.get("ENGINE_LORA_SHRINK_IN_GEMV", "0") == "1"
+
+
+# The gate/up adapter's shrink in the first programs of its own GEMV (no wait: nothing in
+# that launch reads it) and its expand in the SiLU-and-mul kernel after it
+# (``LoRALayer.deferred_add_rms_norm``): ``ENGINE_LORA_EXPAND_IN_ACT=1``. Off by default
+# until a GPU measures it (written in round 11 without a device: one launch and one GEMV
+# epilogue fewer a layer at batch 1, against the 1.52x an adapter costs).
+def expand_in_act() -> bool:
+    return os.environ.get("ENGINE_LORA_EXPAND_IN_ACT", "0") == "1"
 
 
 def _use_kernels(x: torch.Tensor) -> bool:
@@ -474,11 +496,19 @@ def lora_shrink_add_rms_norm_triton(
 
 
 def silu_and_mul_lora_shrink_triton(
-    gate_up: torch.Tensor, lora_a: torch.Tensor, slots: torch.Tensor, num_parts: int | None = None
+    gate_up: torch.Tensor,
+    lora_a: torch.Tensor,
+    slots: torch.Tensor,
+    num_parts: int | None = None,
+    gate_up_lora: LoRAEpilogue | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(silu(gate) * up, parts)`` of ``gate_up`` [T, 2 * inter] in one launch: the
     activation (as ``fused_ops.silu_and_mul_merged`` gives it) and the per-token shrink's
-    parts ``[P, T, R]`` of that activation with ``lora_a`` [slots, R, inter]."""
+    parts ``[P, T, R]`` of that activation with ``lora_a`` [slots, R, inter].
+
+    ``gate_up_lora``: the gate/up projection's own expand, not yet added to ``gate_up``
+    (its shrink's parts ``[P', T, 2R]`` and ``B [slots, 2 * inter, R]``,
+    ``LoRALayer.deferred_add_rms_norm``): added first, rounded as ``lora_expand`` rounds."""
     from engine_sdk.layers._lora_kernels import silu_mul_lora_shrink_kernel
 
     assert gate_up.stride(-1) == 1 and lora_a.stride(-1) == 1
@@ -489,13 +519,22 @@ def silu_and_mul_lora_shrink_triton(
     split, k_per_part = _k_parts(num_tokens, inter, block_k, gate_up.device, num_parts)
     act = torch.empty(num_tokens, inter, dtype=gate_up.dtype, device=gate_up.device)
     out = torch.empty(split, num_tokens, r, dtype=torch.float32, device=gate_up.device)
+    gu: tuple[object, ...] = (out, lora_a, 1, 0, 0, 0, 0)  # never read without GU_EXPAND
+    block_gp = 1
+    if gate_up_lora is not None:
+        gp, gb = gate_up_lora.parts, gate_up_lora.lora_b
+        assert gate_up_lora.num_slices == 2 and gb.shape[1] == 2 * inter and gb.shape[2] == r
+        assert gp.shape[2] == 2 * r and gp.stride(-1) == 1 and gb.stride(-1) == 1
+        gu = (gp, gb, gp.shape[0], gp.stride(0), gp.stride(1), gb.stride(0), gb.stride(1))
+        block_gp = _block(gp.shape[0], 1)
     if num_tokens > 0:
         silu_mul_lora_shrink_kernel[(num_tokens, split)](
             gate_up, act, lora_a, out, slots,
             inter, r, k_per_part,
             gate_up.stride(0), act.stride(0), lora_a.stride(0), lora_a.stride(1),
-            out.stride(0), out.stride(1),
-            BLOCK_R=block_r, BLOCK_K=block_k,
+            out.stride(0), out.stride(1), *gu,
+            BLOCK_R=block_r, BLOCK_K=block_k, GU_EXPAND=gate_up_lora is not None,
+            BLOCK_GP=block_gp,
         )  # fmt: skip
     return act, out
 
