@@ -9,7 +9,9 @@
 #   lora    the LoRA GPU tests (round 11's one-compile and block-width changes), the full W1
 #           over 4 adapters + base (1024 prompts: issue 19's >= 80% of base), then batch-1
 #           decode with an adapter at ENGINE_LORA_GEMV_BLOCK_N 2, 4, 8 (the epilogue's
-#           loads amortized over wider GEMV programs; make the best the default)
+#           loads amortized over wider GEMV programs; make the best the default), and
+#           with ENGINE_LORA_EXPAND_IN_ACT=1 (gate/up's shrink in its GEMV, its expand in
+#           the activation's kernel; make it the default if faster)
 #   schema  the JSON schema at batch 256 (structured_e2e_gpu.py, 3 runs) after round 11's
 #           runner change; its host share is the open question (docs/performance.md
 #           "Round 11")
@@ -31,6 +33,13 @@ if [ "$MODE" = lora ]; then
             --decode-runs adapter --out "$OUT/lora_decode_bn$bn.json" 2>&1 \
             | grep "one adapter" | sed "s/^/block_n=$bn /"
     done
+    # the gate/up expand in the activation's kernel (ENGINE_LORA_EXPAND_IN_ACT): its GPU
+    # tests, then batch-1 decode with it against without (and base, for the ratio)
+    ENGINE_LORA_EXPAND_IN_ACT=1 py 90 -m pytest -q -p no:cacheprovider \
+        tests/fused/test_lora_gemv_epilogue.py tests/lora/test_lora_cuda.py -k "not inside" \
+        2>&1 | tail -2
+    ENGINE_LORA_EXPAND_IN_ACT=1 py 120 benchmarks/lora_gpu.py --quick --parts decode \
+        --decode-runs base,adapter --out "$OUT/lora_decode_expand_in_act.json" 2>&1 | tail -3
 else
     (cd benchmarks && py 300 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
         --runs 3 --out "$OUT/structured_e2e.json" > "$OUT/structured_e2e.log" 2>&1)
