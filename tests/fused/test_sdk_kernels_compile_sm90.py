@@ -182,6 +182,6 @@ def test_lora_expand_kernel(slices: int, parts: int) -> None:
 def test_lora_shrink_blocked_kernel() -> None:
     """``lora_shrink_triton`` from ``BLOCKED_MIN_TOKENS``: 16 tokens a program, the q/k/v
     adapter's 3 x 16 rank rows (BLOCK_R 64), K steps of 64, bf16 dots (precision None)."""
-    constants = {"BLOCK_M": 16, "BLOCK_R": 64, "BLOCK_K": 64, "DOT_PRECISION": None}
+    constants = {"NUM_SLOTS": 4, "BLOCK_M": 16, "BLOCK_R": 64, "BLOCK_K": 64, "DOT_PRECISION": None}
     report = _compile(_LORA, "lora_shrink_blocked_kernel", constants, types=_LORA_TYPES)
     assert "mma" in report["ptx"]

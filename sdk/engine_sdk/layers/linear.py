@@ -146,12 +146,10 @@ class Linear(torch.nn.Module):
         its epilogue, after the shrink that normalizes the rows itself), or None where
         that does not run: no adapter in the step, a quantized or subclassed layer, rows
         the GEMV leaves to the library GEMM, or the LoRA kernels off."""
-        lora = self._fusable_lora()
+        lora = self._norm_gemv_lora(x, residual)
         if lora is None:
             return None
         weight: torch.Tensor = self.weight  # type: ignore[assignment]
-        if not gemv.use_gemv_add_rms_norm(x, residual, weight) or not lora.fuses_into_gemv(x):
-            return None
         if shrink_in_gemv():
             epilogue = lora.epilogue_in_gemv(x)
         else:
@@ -165,12 +163,10 @@ class Linear(torch.nn.Module):
         the next kernel needs to add the expand)``, the shrink written by the GEMV's own
         first programs (``LoRALayer.deferred_add_rms_norm``); None where that does not run
         (the conditions of ``lora_add_rms_norm``)."""
-        lora = self._fusable_lora()
+        lora = self._norm_gemv_lora(x, residual)
         if lora is None:
             return None
         weight: torch.Tensor = self.weight  # type: ignore[assignment]
-        if not gemv.use_gemv_add_rms_norm(x, residual, weight) or not lora.fuses_into_gemv(x):
-            return None
         pending = lora.deferred_add_rms_norm(x)
         out, new_residual = gemv.gemv_add_rms_norm(
             x, residual, norm_weight, eps, weight, self.bias, pending
@@ -196,6 +192,17 @@ class Linear(torch.nn.Module):
             return None
         act, epilogue = lora.epilogue_silu_and_mul(gate_up, gate_up_lora)
         return gemv.gemv(act, weight, self.bias, lora=epilogue)
+
+    def _norm_gemv_lora(self, x: torch.Tensor, residual: torch.Tensor) -> LoRALayer | None:
+        """The adapter layer where the fused add+RMSNorm GEMV may run this layer with its
+        adapters (``_fusable_lora``, rows the GEMV takes, the LoRA kernels on); else None."""
+        lora = self._fusable_lora()
+        if lora is None:
+            return None
+        weight: torch.Tensor = self.weight  # type: ignore[assignment]
+        if not gemv.use_gemv_add_rms_norm(x, residual, weight) or not lora.fuses_into_gemv(x):
+            return None
+        return lora
 
     def _fusable_lora(self) -> LoRALayer | None:
         """The adapter layer when a fused LoRA decode path may stand in for ``forward``: an
