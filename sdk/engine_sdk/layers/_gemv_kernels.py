@@ -38,7 +38,7 @@ def gemv_kernel(
     """``out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n])`` for ``BLOCK_N`` weight rows per
     program: each weight tile is loaded once and used by all ``M <= BLOCK_M`` rows of
     ``x``; float32 accumulation, one rounding at the store. With ``LORA`` the epilogue
-    adds each row's adapter delta (``_lora_operands``, ``_lora_add``); with ``SHRINK`` the first
+    adds each row's adapter delta (``_lora_delta``); with ``SHRINK`` the first
     ``NUM_SHRINK`` programs compute the shrink those epilogues read (``_shrink_program``)."""
     pid = tl.program_id(0)
     if SHRINK:
@@ -56,12 +56,6 @@ def gemv_kernel(
     n_ok = offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    if LORA and not SHRINK:  # loads in flight during the loop (the shrink ran before)
-        lora_h, lora_b = _lora_operands(
-            offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
-            R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
-            BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P, "",
-        )  # fmt: skip
     for k0 in range(0, K, BLOCK_K):
         k_ok = (k0 + offs_k) < K
         w = tl.load(w_rows + (k0 + offs_k)[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
@@ -71,14 +65,13 @@ def gemv_kernel(
             part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
             acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
     if LORA:
-        if SHRINK:  # the parts come from this launch's shrink programs: wait, then load
+        if SHRINK:  # the parts come from this launch's shrink programs
             _wait_for_shrink(flag_ptr, NUM_SHRINK)
-            lora_h, lora_b = _lora_operands(
-                offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
-                R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
-                BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P, ".cg",
-            )  # fmt: skip
-        acc = _lora_add(acc, lora_h, lora_b)
+        acc = _lora_delta(
+            acc, offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
+            R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
+            BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P, ".cg" if SHRINK else "",
+        )  # fmt: skip
     _store_rows(
         acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS, w_ptr.dtype.element_ty
     )  # fmt: skip
@@ -105,8 +98,9 @@ def gemv_add_rms_norm_kernel(
     of ``add_rms_norm_kernel``: the sum to the dtype, the normalized value to the dtype,
     then times the weight, rounded. ``SHRINK``: as in ``gemv_kernel``, over the
     normalized rows; ``SHRINK`` without ``LORA``: the shrink programs only write the parts
-    (no signal, no epilogue: a later kernel adds the expand, ``lora.LoRALayer.
-    deferred_expand``). ``GATED`` (no LoRA): ``w`` is a merged ``[gate | up]`` of ``2 * N``
+    (no signal, no epilogue: a later kernel adds the expand, see
+    ``LoRALayer.deferred_add_rms_norm``). ``GATED`` (no LoRA): ``w`` is a merged
+    ``[gate | up]`` of ``2 * N``
     rows; a program reads gate rows ``n`` and up rows ``N + n`` and stores
     ``silu(gate) * up`` (the roundings of the GEMV then ``silu_mul_merged_kernel``)."""
     pid = tl.program_id(0)
@@ -133,12 +127,6 @@ def gemv_add_rms_norm_kernel(
         u_rows = (offs_n + N)[:, None].to(tl.int64) * stride_wn
         wu = tl.load(w_ptr + u_rows + offs_k[None, :], mask=w_ok, other=0.0).to(tl.float32)
     nw = tl.load(nw_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
-    if LORA and not SHRINK:  # in flight with the weight tile (the shrink ran before)
-        lora_h, lora_b = _lora_operands(
-            offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
-            R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
-            BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P, "",
-        )  # fmt: skip
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for m in tl.static_range(BLOCK_M):
@@ -160,14 +148,13 @@ def gemv_add_rms_norm_kernel(
         _store_gated(acc, acc_u, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, N, stride_om, HAS_BIAS)
         return
     if LORA:
-        if SHRINK:  # the parts come from this launch's shrink programs: wait, then load
+        if SHRINK:  # the parts come from this launch's shrink programs
             _wait_for_shrink(flag_ptr, NUM_SHRINK)
-            lora_h, lora_b = _lora_operands(
-                offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
-                R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
-                BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P, ".cg",
-            )  # fmt: skip
-        acc = _lora_add(acc, lora_h, lora_b)
+        acc = _lora_delta(
+            acc, offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
+            R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
+            BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P, ".cg" if SHRINK else "",
+        )  # fmt: skip
     _store_rows(
         acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS, w_ptr.dtype.element_ty
     )  # fmt: skip
@@ -191,24 +178,22 @@ def _store_gated(
 
 
 @triton.jit
-def _lora_operands(
-    offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
+def _lora_delta(
+    acc, offs_m, offs_n, n_ok, M, lp_ptr, lb_ptr, slots_ptr, starts_ptr,
     R, NUM_PARTS, stride_lpp, stride_lpt, stride_lbs, stride_lbn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SLICES: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, CACHE: tl.constexpr = "",
 ):  # fmt: skip
-    """What the LoRA expand of this program's columns reads, ``(h, b)`` both
-    ``[BLOCK_M, BLOCK_N, BLOCK_R]`` float32: ``h[m, n]`` the rank block of column ``n``'s
-    slice in row ``m``'s shrink (the sum of the parts ``lp [P, M, S*R]``), ``b[m, n]`` the
-    row ``n`` of ``B[slot_m]``; zeros for a row whose slot is -1 (its loads are masked
-    off). Each column finds its slice from the slice starts ``[S + 1]`` (a column tile may
-    straddle two slices).
+    """``acc[m, n] += h[m, slice(n)] @ B[slot_m, n, :R]``: the LoRA expand of this
+    program's columns, in float32 before the one rounding. ``h`` is the sum of the
+    shrink's parts ``lp [P, M, S*R]`` (the slice's rank block); a row whose slot is -1
+    adds nothing (its loads are masked off). Each column finds its slice from the slice
+    starts ``[S + 1]`` (a column tile may straddle two slices).
 
-    Loaded apart from the product (``_lora_add``) so the kernels issue these loads before
-    their own weight loads finish: the epilogue then waits for nothing (round 11 on an
-    H100: loaded at the end they added 1-2 us to every GEMV of an adapter step). Each
-    slice's parts are one ``[BLOCK_P, BLOCK_M, BLOCK_R]`` load and one sum, not one wait
-    for L2 per part."""
+    Each slice's parts are one ``[BLOCK_P, BLOCK_M, BLOCK_R]`` load and one sum, and the
+    rows' ``B`` rows one ``[BLOCK_M, BLOCK_N, BLOCK_R]`` load, independent of each other:
+    no wait for L2 per part or per row. (Issuing these loads before the weight loop was
+    timed in round 11 and changed nothing: the epilogue's cost is its work.)"""
     offs_r = tl.arange(0, BLOCK_R)
     offs_p = tl.arange(0, BLOCK_P)
     r_ok = offs_r < R
@@ -236,12 +221,6 @@ def _lora_operands(
         mask=on[:, None, None] & n_ok[None, :, None] & r_ok[None, None, :],
         other=0.0,
     ).to(tl.float32)
-    return h, b
-
-
-@triton.jit
-def _lora_add(acc, h, b):
-    """``acc[m, n] += h[m, n] @ b[m, n]`` (the expand, float32, before the one rounding)."""
     return acc + tl.sum(h * b, axis=2)
 
 

@@ -41,9 +41,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine_sdk.layers.lora_targets import lora_target_layers
+
 if TYPE_CHECKING:
     from engine_sdk.layers.gemv import LoRAEpilogue
-    from engine_sdk.layers.linear import Linear
 
 __all__ = [
     "LoRAContext",
@@ -395,26 +396,25 @@ def _blocked_split(
     every token count (round 11 on an H100: a step of a new size compiled new variants,
     about 0.85 s inside a W1 run)."""
     programs = -(-num_tokens // _BLOCK_M)
-    if num_parts is None:
-        num_parts = min(BLOCKED_MAX_PARTS, -(-_num_sms(device) // programs))
-    return _k_parts(programs, k, _BLOCKED_BLOCK_K, device, num_parts)
-
-
-def _num_sms(device: torch.device) -> int:
-    from engine_sdk.layers import split_k  # imports Triton: only where the kernels run
-
-    return split_k.num_multiprocessors(device)
+    return _k_parts(programs, k, _BLOCKED_BLOCK_K, device, num_parts, BLOCKED_MAX_PARTS)
 
 
 def _k_parts(
-    programs: int, k: int, block_k: int, device: torch.device, num_parts: int | None
+    programs: int,
+    k: int,
+    block_k: int,
+    device: torch.device,
+    num_parts: int | None,
+    max_parts: int | None = None,
 ) -> tuple[int, int]:
-    """Split K (``cdiv(k, block_k)`` steps) into about ``SMs / programs`` parts, or
-    ``num_parts``: ``(parts, K per part)``, a whole number of steps each, none empty."""
+    """Split K (``cdiv(k, block_k)`` steps) into about ``SMs / programs`` parts (at most
+    ``max_parts``), or ``num_parts``: ``(parts, K per part)``, a whole number of steps
+    each, none empty."""
     from engine_sdk.layers import split_k
 
     if num_parts is None:
-        num_parts = -(-_num_sms(device) // max(programs, 1))
+        num_parts = -(-split_k.num_multiprocessors(device) // max(programs, 1))
+        num_parts = num_parts if max_parts is None else min(max_parts, num_parts)
     parts, steps_per_part = split_k.pick_split(1, -(-k // block_k), num_parts)
     return parts, steps_per_part * block_k
 
@@ -587,28 +587,3 @@ def lora_expand_triton(
         NUM_SLICES=len(sizes), BLOCK_N=block_n, BLOCK_R=_block(r),
         BLOCK_P=max(PER_TOKEN_BLOCK_P, _block(num_parts, 1)),
     )  # fmt: skip
-
-
-# -- which layers an adapter can target -------------------------------------------------------
-
-
-def lora_target_layers(model: torch.nn.Module) -> dict[str, Linear]:
-    """The ``Linear`` layers that run in ``model``'s forward, by HF module name.
-
-    A merged projection (``merge_linears``) runs instead of its parts, so the parts are
-    left out and the merged layer is listed under each part's name (its slices)::
-
-        q_proj, k_proj, v_proj merged  ->  {"...q_proj": qkv, "...k_proj": qkv, "...v_proj": qkv}
-    """
-    from engine_sdk.layers.linear import Linear
-
-    layers = [m for m in model.modules() if isinstance(m, Linear)]
-    targets: dict[str, Linear] = {}
-    for layer in layers:
-        if len(layer.parts) > 1:
-            for name, _ in layer.parts:
-                targets[name] = layer
-    for layer in layers:
-        if len(layer.parts) == 1 and layer.prefix not in targets:
-            targets[layer.prefix] = layer
-    return targets
