@@ -22,24 +22,24 @@ MODE="${1:?lora or schema}"
 source benchmarks/device_install.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$MODE" = lora ]; then
-    py 150 -m pytest -q -p no:cacheprovider tests/fused/test_lora_kernels.py \
-        tests/fused/test_lora_merged_expand.py tests/fused/test_lora_gemv_epilogue.py \
-        tests/fused/test_lora_shrink_parts.py tests/lora/test_lora_cuda.py -k "not inside" \
-        2>&1 | tail -4
-    py 200 benchmarks/lora_gpu.py --parts w1 --w1-configs base,mixed \
+    # ordered by importance: one call's 600 s must hold it all
+    py 220 benchmarks/lora_gpu.py --parts w1 --w1-configs base,mixed \
         --out "$OUT/lora_w1_full.json" 2>&1 | tail -4
-    for bn in 2 4 8; do
-        ENGINE_LORA_GEMV_BLOCK_N=$bn py 90 benchmarks/lora_gpu.py --quick --parts decode \
-            --decode-runs adapter --out "$OUT/lora_decode_bn$bn.json" 2>&1 \
-            | grep "one adapter" | sed "s/^/block_n=$bn /"
-    done
     # the gate/up expand in the activation's kernel (ENGINE_LORA_EXPAND_IN_ACT): its GPU
     # tests, then batch-1 decode with it against without (and base, for the ratio)
-    ENGINE_LORA_EXPAND_IN_ACT=1 py 90 -m pytest -q -p no:cacheprovider \
-        tests/fused/test_lora_gemv_epilogue.py tests/lora/test_lora_cuda.py -k "not inside" \
-        2>&1 | tail -2
-    ENGINE_LORA_EXPAND_IN_ACT=1 py 120 benchmarks/lora_gpu.py --quick --parts decode \
-        --decode-runs base,adapter --out "$OUT/lora_decode_expand_in_act.json" 2>&1 | tail -3
+    ENGINE_LORA_EXPAND_IN_ACT=1 py 80 -m pytest -q -p no:cacheprovider \
+        tests/fused/test_lora_gemv_epilogue.py 2>&1 | tail -2
+    py 80 benchmarks/lora_gpu.py --quick --parts decode --decode-runs base,adapter \
+        --out "$OUT/lora_decode_default.json" 2>&1 | grep -i "adapter\|base" | tail -3
+    ENGINE_LORA_EXPAND_IN_ACT=1 py 60 benchmarks/lora_gpu.py --quick --parts decode \
+        --decode-runs adapter --out "$OUT/lora_decode_expand_in_act.json" 2>&1 \
+        | grep "one adapter" | sed "s/^/expand_in_act /"
+    ENGINE_LORA_GEMV_BLOCK_N=8 py 60 benchmarks/lora_gpu.py --quick --parts decode \
+        --decode-runs adapter --out "$OUT/lora_decode_bn8.json" 2>&1 \
+        | grep "one adapter" | sed "s/^/block_n=8 /"
+    py 100 -m pytest -q -p no:cacheprovider tests/fused/test_lora_one_compile.py \
+        tests/fused/test_lora_kernels.py tests/lora/test_lora_cuda.py -k "not inside" \
+        2>&1 | tail -3
 else
     (cd benchmarks && py 300 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
         --runs 3 --out "$OUT/structured_e2e.json" > "$OUT/structured_e2e.log" 2>&1)
