@@ -204,6 +204,7 @@ def part_kernels(quick: bool) -> dict[str, Any]:
         lora_shrink_reference,
         lora_shrink_triton,
     )
+    from engine_sdk.layers.lora_dense import lora_apply_dense
 
     dev = torch.device("cuda")
     out: dict[str, Any] = {"check": [], "speed": []}
@@ -224,11 +225,12 @@ def part_kernels(quick: bool) -> dict[str, Any]:
         })  # fmt: skip
     shapes = {"qkv_proj": (1024, [2048, 1024, 1024]), "down_proj": (3072, [1024])}
     for name, (n_in, sizes) in shapes.items():
-        for tokens in (1, 16, 256) if quick else (1, 16, 64, 256, 1024, 4096):
+        for tokens in (1, 16, 256, 4096) if quick else (1, 16, 64, 256, 1024, 4096, 8192):
             ctx = LoRAContext(tokens, dev)
             layer = LoRALayer(ctx, 4, RANK, n_in, sizes, torch.bfloat16, dev)
             layer.lora_a.normal_(std=0.05)
             layer.lora_b.normal_(std=0.05)
+            layer.lora_bt.copy_(layer.lora_b.transpose(1, 2))
             ctx.token_slots.copy_(torch.arange(tokens, device=dev, dtype=torch.int32) % 5 - 1)
             ctx.active = True
             x = torch.randn(tokens, n_in, device=dev, dtype=torch.bfloat16)
@@ -236,9 +238,21 @@ def part_kernels(quick: bool) -> dict[str, Any]:
             y = torch.nn.functional.linear(x, w)
             base = triton.testing.do_bench(lambda x=x, w=w: torch.nn.functional.linear(x, w))
             lora = triton.testing.do_bench(lambda x=x, y=y, layer=layer: layer.apply(x, y))
+            slots = ctx.token_slots[:tokens]
+            dense = triton.testing.do_bench(
+                lambda x=x, y=y, layer=layer, slots=slots: lora_apply_dense(
+                    x, y, layer.lora_a, layer.lora_bt, slots, layer.slot_ids, layer.slice_sizes
+                )
+            )
+            kernels = triton.testing.do_bench(
+                lambda x=x, y=y, layer=layer, slots=slots: lora_expand_triton(
+                    y, lora_shrink_triton(x, layer.lora_a, slots, parts=True), layer.lora_b,
+                    slots, layer.slices,
+                )
+            )  # fmt: skip
             out["speed"].append({
                 "projection": name, "tokens": tokens, "base_gemm_ms": base, "lora_ms": lora,
-                "lora_over_base": lora / base,
+                "lora_over_base": lora / base, "dense_ms": dense, "kernels_ms": kernels,
             })  # fmt: skip
     return out
 
@@ -259,7 +273,8 @@ def print_table(results: dict[str, Any]) -> None:
             (
                 f"{s['projection']} LoRA, {s['tokens']} tokens, 4 adapters",
                 f"{s['lora_ms'] * 1000:.1f} us",
-                f"{s['lora_over_base']:.2f}x base GEMM ({base_us:.1f} us)",
+                f"{s['lora_over_base']:.2f}x base GEMM ({base_us:.1f} us); dense "
+                f"{s['dense_ms'] * 1000:.1f} us, kernels {s['kernels_ms'] * 1000:.1f} us",
             )
         )
     w1 = results.get("w1", {})

@@ -45,7 +45,23 @@ def test_one_adapter_matches_peft(qwen3_lora_model, adapters, reference) -> None
     assert [o.outputs[0].token_ids for o in outs] == [reference["alpha", i] for i in range(4)]
 
 
-def test_mixed_batch_of_three_adapters_and_base(qwen3_lora_model, adapters, reference) -> None:
+@pytest.mark.parametrize("dense", [False, True], ids=["kernels-or-reference", "dense"])
+def test_mixed_batch_of_three_adapters_and_base(
+    qwen3_lora_model, adapters, reference, dense, monkeypatch
+) -> None:
+    """``dense``: every step through the many-token path (``lora_dense``), as prefill
+    chunks and large decode batches take it on a GPU."""
+    calls = []
+    if dense:
+        from engine_sdk.layers import lora, lora_dense
+
+        def counted(x, *args):
+            calls.append(x.shape[0])
+            lora_dense.lora_apply_dense(x, *args)
+
+        monkeypatch.setattr(lora, "lora_apply_dense", counted)
+        monkeypatch.setattr(lora_dense, "DENSE_ON_CPU", True)
+        monkeypatch.setattr(lora_dense, "DENSE_MIN_TOKENS", 1)
     llm = _llm(qwen3_lora_model, enable_lora=True, max_loras=3, max_lora_rank=16)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     loras = {
@@ -61,6 +77,7 @@ def test_mixed_batch_of_three_adapters_and_base(qwen3_lora_model, adapters, refe
     outs = llm.generate(prompts, params, use_tqdm=False, lora_request=requests)
     got = [o.outputs[0].token_ids for o in outs]
     assert got == [reference[k] for k in keys]
+    assert bool(calls) == dense
 
 
 def test_fewer_slots_than_adapters_queue_and_still_match(qwen3_lora_model, adapters, reference):

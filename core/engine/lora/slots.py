@@ -113,7 +113,7 @@ class LoRASlotManager:
     @property
     def slot_bytes(self) -> int:
         layers = [layer.lora for layer in self.layers if layer.lora is not None]
-        return sum(x.lora_a.nbytes + x.lora_b.nbytes for x in layers)
+        return sum(x.lora_a.nbytes + x.lora_b.nbytes + x.lora_bt.nbytes for x in layers)
 
     def servable(self, module: str) -> bool:
         """Whether an adapter may target ``module`` (a checkpoint-fused name counts when the

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine_sdk.layers.lora_dense import lora_apply_dense, transposed_b, use_dense
 from engine_sdk.layers.lora_targets import lora_target_layers
 
 if TYPE_CHECKING:
@@ -113,6 +114,9 @@ class LoRALayer:
             num_slots, num_slices * max_rank, input_size, dtype=dtype, device=device
         )
         self.lora_b = torch.zeros(num_slots, output_size, max_rank, dtype=dtype, device=device)
+        # B per slot transposed, for many-token steps (``lora_dense``; kept in step with B)
+        self.lora_bt = transposed_b(self.lora_b)
+        self.slot_ids = torch.arange(num_slots, dtype=torch.int32, device=device)
         self.slices = LoRASlices(self.slice_sizes, device)
         # The counters of the shrink inside the GEMV's launch (epilogue_in_gemv): zero
         # between launches, one pair per layer for the model's lifetime.
@@ -142,10 +146,12 @@ class LoRALayer:
                 self.lora_a[slot, rows].copy_(a)
                 self.lora_b[slot, offset : offset + size, :rank].copy_(b)
             offset += size
+        self.lora_bt[slot].copy_(self.lora_b[slot].T)
 
     def clear_slot(self, slot: int) -> None:
         self.lora_a[slot].zero_()
         self.lora_b[slot].zero_()
+        self.lora_bt[slot].zero_()
 
     def fuses_into_gemv(self, x: torch.Tensor) -> bool:
         """Whether a GEMV over ``x`` (a few decode rows) may take this layer's expand into
@@ -219,7 +225,11 @@ class LoRALayer:
         y = y if y.is_contiguous() else y.contiguous()
         y2 = y.view(-1, y.shape[-1])
         slots = self.context.token_slots[: x2.shape[0]]
-        if _use_kernels(x2):  # two launches: the expand adds the shrink's K parts itself
+        if use_dense(x2):  # many tokens: cuBLAS over every slot, masked
+            lora_apply_dense(
+                x2, y2, self.lora_a, self.lora_bt, slots, self.slot_ids, self.slice_sizes
+            )
+        elif _use_kernels(x2):  # two launches: the expand adds the shrink's K parts itself
             parts = lora_shrink_triton(x2, self.lora_a, slots, parts=True)
             lora_expand_triton(y2, parts, self.lora_b, slots, self.slices)
         else:
@@ -262,11 +272,11 @@ def shrink_in_gemv() -> bool:
 
 # The gate/up adapter's shrink in the first programs of its own GEMV (no wait: nothing in
 # that launch reads it) and its expand in the SiLU-and-mul kernel after it
-# (``LoRALayer.deferred_add_rms_norm``): ``ENGINE_LORA_EXPAND_IN_ACT=1``. Off by default
-# until a GPU measures it (written in round 11 without a device: one launch and one GEMV
-# epilogue fewer a layer at batch 1, against the 1.52x an adapter costs).
+# (``LoRALayer.deferred_add_rms_norm``). On by default since round 12 (H100, batch-1
+# decode with an adapter: 1.599 ms against 1.681 with the gate/up expand in its GEMV's
+# epilogue, one call); ``ENGINE_LORA_EXPAND_IN_ACT=0`` turns it off.
 def expand_in_act() -> bool:
-    return os.environ.get("ENGINE_LORA_EXPAND_IN_ACT", "0") == "1"
+    return os.environ.get("ENGINE_LORA_EXPAND_IN_ACT", "1") == "1"
 
 
 def _use_kernels(x: torch.Tensor) -> bool:

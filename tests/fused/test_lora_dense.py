@@ -1,0 +1,119 @@
+"""The many-token LoRA path (``lora_dense``: cuBLAS over every slot, masked) against the
+torch reference: merged slices, padded ranks, slot -1 tokens, slots rewritten and cleared
+(``lora_bt`` kept in step with ``lora_b``), and ``LoRALayer.apply`` choosing it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_sdk.layers import lora, lora_dense
+from engine_sdk.layers.lora import (
+    LoRAContext,
+    LoRALayer,
+    lora_expand_reference,
+    lora_shrink_reference,
+)
+from engine_sdk.layers.lora_dense import lora_apply_dense
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _layer(sizes, num_slots, max_rank, k, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    ctx = LoRAContext(64, DEVICE)
+    layer = LoRALayer(ctx, num_slots, max_rank, k, sizes, dtype, DEVICE)
+    for slot in range(num_slots):
+        rank = max_rank - slot  # padded ranks below max_rank
+        pairs = [
+            (torch.randn(rank, k, generator=gen), torch.randn(n, rank, generator=gen) * 0.5)
+            for n in sizes
+        ]
+        if slot == 1 and len(sizes) > 1:
+            pairs[1] = None  # type: ignore[call-overload]  # this adapter leaves slice 1 alone
+        layer.set_slot(
+            slot,
+            [
+                None if p is None else (p[0].to(DEVICE, dtype), p[1].to(DEVICE, dtype))
+                for p in pairs
+            ],
+        )
+    return layer, gen
+
+
+def _reference(layer, x, y, slots):
+    want = y.clone()
+    h = lora_shrink_reference(x, layer.lora_a, slots)
+    lora_expand_reference(want, h, layer.lora_b, slots, layer.slices)
+    return want
+
+
+@pytest.mark.parametrize(
+    ("sizes", "num_slots", "max_rank", "k", "num_tokens"),
+    [([24], 1, 8, 40, 9), ([16, 8, 8], 3, 8, 32, 37), ([12, 12], 4, 16, 48, 20)],
+    ids=["one-slice", "qkv", "gate-up"],
+)
+def test_dense_matches_reference(sizes, num_slots, max_rank, k, num_tokens) -> None:
+    layer, gen = _layer(sizes, num_slots, max_rank, k, torch.float32, seed=num_tokens)
+    x = torch.randn(num_tokens, k, generator=gen).to(DEVICE)
+    y = torch.randn(num_tokens, sum(sizes), generator=gen).to(DEVICE)
+    slots = torch.randint(-1, num_slots, (num_tokens,), generator=gen, dtype=torch.int32)
+    slots[0] = -1  # at least one base token: its row must stay as it was
+    slots = slots.to(DEVICE)
+    want = _reference(layer, x, y, slots)
+    got = y.clone()
+    lora_apply_dense(x, got, layer.lora_a, layer.lora_bt, slots, layer.slot_ids, sizes)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert torch.equal(got[0], y[0])
+    assert not torch.allclose(got, y)  # the adapters changed something: the test can fail
+
+
+def test_dense_in_bfloat16_is_as_close_as_the_reference_rounding() -> None:
+    sizes = [64, 32, 32]
+    layer, gen = _layer(sizes, 4, 16, 128, torch.bfloat16, seed=5)
+    x = torch.randn(50, 128, generator=gen).to(DEVICE, torch.bfloat16)
+    y = torch.randn(50, sum(sizes), generator=gen).to(DEVICE, torch.bfloat16)
+    slots = (torch.arange(50, dtype=torch.int32) % 5 - 1).to(DEVICE)
+    want = _reference(layer, x, y, slots)
+    got = y.clone()
+    lora_apply_dense(x, got, layer.lora_a, layer.lora_bt, slots, layer.slot_ids, sizes)
+    # h rounds to bfloat16 before the expand (as the blocked kernels do): a few ulps
+    torch.testing.assert_close(got.float(), want.float(), atol=0.25, rtol=0.02)
+
+
+def test_rewritten_and_cleared_slots_stay_in_step() -> None:
+    """``lora_bt`` follows ``set_slot`` and ``clear_slot``: the dense path sees the new B."""
+    sizes = [8, 8]
+    layer, gen = _layer(sizes, 2, 4, 16, torch.float32, seed=1)
+    layer.set_slot(0, [(torch.randn(4, 16).to(DEVICE), torch.randn(8, 4).to(DEVICE))] * 2)
+    layer.clear_slot(1)
+    torch.testing.assert_close(layer.lora_bt, layer.lora_b.transpose(1, 2))
+    x = torch.randn(6, 16, generator=gen).to(DEVICE)
+    y = torch.zeros(6, 16, device=DEVICE)
+    slots = torch.tensor([0, 1, 0, 1, -1, 0], dtype=torch.int32, device=DEVICE)
+    got = y.clone()
+    lora_apply_dense(x, got, layer.lora_a, layer.lora_bt, slots, layer.slot_ids, sizes)
+    torch.testing.assert_close(got, _reference(layer, x, y, slots), atol=1e-4, rtol=1e-4)
+    assert torch.count_nonzero(got[1]) == 0 and torch.count_nonzero(got[0]) > 0
+
+
+def test_apply_takes_the_dense_path_from_the_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes = [16, 8, 8]
+    layer, gen = _layer(sizes, 3, 8, 32, torch.float32, seed=7)
+    calls: list[int] = []
+
+    def counted(x, *args):
+        calls.append(x.shape[0])
+        lora_apply_dense(x, *args)
+
+    monkeypatch.setattr(lora, "lora_apply_dense", counted)
+    monkeypatch.setattr(lora_dense, "DENSE_ON_CPU", True)
+    monkeypatch.setattr(lora_dense, "DENSE_MIN_TOKENS", 10)
+    slots = (torch.arange(12, dtype=torch.int32) % 4 - 1).to(DEVICE)
+    layer.context.token_slots[:12] = slots
+    layer.context.active = True
+    for num_tokens in (9, 12):  # below, then at the threshold
+        x = torch.randn(num_tokens, 32, generator=gen).to(DEVICE)
+        y = torch.randn(num_tokens, 32, generator=gen).to(DEVICE)
+        want = _reference(layer, x, y, slots[:num_tokens])
+        torch.testing.assert_close(layer.apply(x, y.clone()), want, atol=1e-4, rtol=1e-4)
+    assert calls == [12]
