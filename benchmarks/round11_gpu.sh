@@ -46,14 +46,19 @@ fi
 source benchmarks/device_install.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$MODE" = sbs ]; then
-    py 545 benchmarks/side_by_side.py --parts w4,w2,llama8b,w1 --model "$HOME/v/model" \
+    py 545 benchmarks/side_by_side.py --parts "${SBS_PARTS:-w4,w2,llama8b,w1}" --model "$HOME/v/model" \
         --out "$OUT/sbs_round11.json" 2>&1 | grep -v "^\$ \|^  exit" | tail -12
     tar -czf "$OUT/sbs_logs.tgz" -C /tmp/sbs $(cd /tmp/sbs && ls *.log) 2>/dev/null; ls "$OUT"
 elif [ "$MODE" = quant ]; then
     [ -f "$HOME/v/.ok" ] || { echo "vLLM is not unpacked on this machine"; exit 1; }
-    py 545 benchmarks/side_by_side.py --parts llama8b_fp8,llama8b_awq,w2_fp8,w2_awq \
+    py "${QUANT_SECONDS:-545}" benchmarks/side_by_side.py \
+        --parts "${QUANT_PARTS:-llama8b_fp8,llama8b_awq,w2_fp8,w2_awq}" \
         --model "$HOME/v/model" --out "$OUT/sbs_quant_round11.json" 2>&1 \
         | grep -v "^\$ \|^  exit" | tail -12
+    # Engine only, after vLLM's parts (issue 23's "quantized W2 <= bf16 W2, same run")
+    [ -z "${QUANT_ENGINE_PARTS:-}" ] || py 200 benchmarks/side_by_side.py --engine-only \
+        --parts "$QUANT_ENGINE_PARTS" --model "$HOME/v/model" \
+        --out "$OUT/sbs_quant_engine.json" 2>&1 | grep -v "^\$ \|^  exit" | tail -6
     tar -czf "$OUT/sbs_quant_logs.tgz" -C /tmp/sbs $(cd /tmp/sbs && ls *.log) 2>/dev/null
 elif [ "$MODE" = lora ]; then
     py 150 -m pytest -q -p no:cacheprovider tests/fused/test_lora_kernels.py \
