@@ -91,3 +91,48 @@ def test_sentencepiece_leading_space_of_first_output_token(sp_tokenizer: Any) ->
     out = "".join(detok.update([t]) for t in ids[split:])
     assert _decode(tok, ids[:split]) + out == "hello world the dog"
     assert out.startswith(" ")  # decoding the new token alone would drop this space
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_deferred_text_equals_the_per_token_text(any_tokenizer: Any, text: str) -> None:
+    """``defer=True`` (one output at the end) decodes once at ``flush``: the same text as
+    stepping every token, at every prompt/output split, with and without special tokens."""
+    tok = any_tokenizer
+    ids = tok.encode(text, add_special_tokens=False)
+    for skip in (True, False):
+        for split in range(1, len(ids)):
+            prompt, output = ids[:split], ids[split:]
+            stepped = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip)
+            want = "".join(stepped.update([t]) for t in output) + stepped.flush()
+            deferred = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip, defer=True)
+            assert all(deferred.update([t]) == "" for t in output)  # nothing until the end
+            assert deferred.flush() == want, (split, skip)
+            assert deferred.output_text == want
+
+
+def test_deferred_text_of_random_ids(any_tokenizer: Any) -> None:
+    """Random ids (what a random-weight model samples): broken byte sequences, special
+    tokens mid-text. The deferred text is the whole sequence's decode past the prompt's;
+    byte-level BPE steps to the same text. (SentencePiece's byte fallback turns a whole run
+    of byte tokens into U+FFFD once the run is invalid, including a valid byte the stepped
+    path already emitted alone: there the deferred text is the one ``decode`` gives.)"""
+    import random
+
+    tok = any_tokenizer
+    rng = random.Random(0)
+    checked = 0
+    for trial in range(60):
+        prompt = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 6))]
+        output = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 40))]
+        deferred = IncrementalDetokenizer(tok, prompt, defer=True)
+        for t in output:
+            deferred.update([t])
+        text = deferred.flush()
+        prefix, full = _decode(tok, prompt), _decode(tok, prompt + output)
+        if not prefix.endswith("\ufffd") and full.startswith(prefix):
+            assert text == full[len(prefix) :], trial
+            checked += 1
+        if tok.backend_tokenizer.decoder.__class__.__name__ == "ByteLevel":
+            stepped = IncrementalDetokenizer(tok, prompt)
+            assert text == "".join(stepped.update([t]) for t in output) + stepped.flush()
+    assert checked > 20  # most trials compare with the whole decode

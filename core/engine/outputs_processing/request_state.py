@@ -48,10 +48,16 @@ class RequestState:
         self.timing = timing
         # Same-process reference to the core's Request, read for its first scheduled time.
         self.core_request = core_request
-        self.detokenizer = IncrementalDetokenizer(
-            tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens
-        )
         self.stop_checker = StopStringChecker(params.stop, params.include_stop_str_in_output)
+        # One output at the end and no stop string to look for: nothing reads the text
+        # before the request finishes, so it is decoded once then (``defer``).
+        defer = params.output_kind == RequestOutputKind.FINAL_ONLY and not self.stop_checker.active
+        self.detokenizer = IncrementalDetokenizer(
+            tokenizer,
+            prompt_token_ids,
+            skip_special_tokens=params.skip_special_tokens,
+            defer=defer,
+        )
         self._has_stops = self.stop_checker.active  # else the checker is bypassed
         self.token_ids: list[int] = []
         self.text = ""
