@@ -18,7 +18,7 @@
 # The vLLM side (W1 with vLLM beside it, cut in round 11, and issue 23's FP8/AWQ table)
 # takes round11_gpu.sh's part1 / sbs / quant calls.
 set -uo pipefail
-MODE="${1:?lora, dense or schema}"
+MODE="${1:?lora, dense, final or schema}"
 source benchmarks/device_install.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$MODE" = lora ]; then
@@ -59,6 +59,15 @@ elif [ "$MODE" = dense ]; then
         | sed "s/^/threshold 128: /"
     py 80 benchmarks/lora_gpu.py --quick --parts decode --decode-runs base,adapter \
         --out "$OUT/lora_decode.json" 2>&1 | grep "batch-1"
+elif [ "$MODE" = final ]; then
+    # the session's last call: the JSON schema at batch 256 after deferred
+    # detokenization (one decode per request at its end, offline), then W1 over 4
+    # adapters + base with the dense LoRA path from 128 tokens (its boolean mask)
+    (cd benchmarks && py 170 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
+        --runs 2 --out "$OUT/structured_e2e.json" > "$OUT/structured_e2e.log" 2>&1)
+    grep '"added\|Error' "$OUT/structured_e2e.log" | tail -6
+    py 170 benchmarks/lora_gpu.py --parts w1 --w1-configs base,mixed \
+        --out "$OUT/lora_w1_final.json" 2>&1 | grep "^W1"
 else
     (cd benchmarks && py 300 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
         --runs 3 --out "$OUT/structured_e2e.json" > "$OUT/structured_e2e.log" 2>&1)
