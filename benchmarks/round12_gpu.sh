@@ -68,6 +68,11 @@ elif [ "$MODE" = final ]; then
     grep '"added\|Error' "$OUT/structured_e2e.log" | tail -6
     py 170 benchmarks/lora_gpu.py --parts w1 --w1-configs base,mixed \
         --out "$OUT/lora_w1_final.json" 2>&1 | grep "^W1"
+elif [ "$MODE" = mask ]; then
+    # the final call's W1 over adapters had 52 ms prefill steps (32 in the second call):
+    # the same W1 with the dense path's mask back in h's dtype (not boolean)
+    py 180 benchmarks/lora_gpu.py --parts w1 --w1-configs mixed,base \
+        --out "$OUT/lora_w1_mask.json" 2>&1 | grep "^W1"
 else
     (cd benchmarks && py 300 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
         --runs 3 --out "$OUT/structured_e2e.json" > "$OUT/structured_e2e.log" 2>&1)
