@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
-# Device calls planned at the end of round 11 (2026-12-06; not yet run: the session's device
-# time ran out). Engine only unless noted; each mode is one call carrying .whl and .gpu, from
-# the committed tree:
+# Device calls of round 12 (2026-12-06, one H100 each; records and the calls' trees in
+# benchmarks/results/2026-12-06-h100-round12/README.md). Engine only; each mode is one call
+# carrying .whl and .gpu, from the committed tree:
 #   git archive --format=tar.gz HEAD sdk core plugins benchmarks tests > .gpu/clean.tgz
 #   command: rm -rf /tmp/c && mkdir -p /tmp/c && tar -xzf .gpu/clean.tgz -C /tmp/c \
 #            && cp -r .whl .gpu /tmp/c/ && cd /tmp/c && bash benchmarks/round12_gpu.sh MODE
 # Modes:
-#   lora    the LoRA GPU tests (round 11's one-compile and block-width changes), the full W1
-#           over 4 adapters + base (1024 prompts: issue 19's >= 80% of base), then batch-1
-#           decode with an adapter at ENGINE_LORA_GEMV_BLOCK_N 2, 4, 8 (the epilogue's
-#           loads amortized over wider GEMV programs; make the best the default), and
-#           with ENGINE_LORA_EXPAND_IN_ACT=1 (gate/up's shrink in its GEMV, its expand in
-#           the activation's kernel; make it the default if faster)
-#   schema  the JSON schema at batch 256 (structured_e2e_gpu.py, 3 runs) after round 11's
-#           runner change; its host share is the open question (docs/performance.md
-#           "Round 11")
-# The vLLM side (W1 with vLLM beside it, cut in round 11, and issue 23's FP8/AWQ table)
-# takes round11_gpu.sh's part1 / sbs / quant calls.
+#   lora    the full W1 over 4 adapters + base (1024 prompts: issue 19's >= 80% of base),
+#           the deferred gate/up expand's GPU tests and batch-1 decode A/B, GEMV block
+#           width 8, the LoRA GPU tests (run first: 66% of base; the expand in the
+#           activation's kernel won, block width 8 lost)
+#   dense   the many-token LoRA path (lora_dense): tests, kernel table, W1 at thresholds
+#           512 and 128, batch-1 decode
+#   final   the JSON schema at batch 256 after deferred detokenization, W1 over adapters
+#   mask    W1 over adapters with the dense path's mask in the model's dtype (not run:
+#           the device time ran out)
+#   schema  the JSON schema alone (3 runs)
+# The vLLM side (W1 and the 8B shape beside vLLM, issue 23's FP8/AWQ table) ran through
+# round11_gpu.sh's sbs / quant modes with SBS_PARTS / QUANT_PARTS / QUANT_ENGINE_PARTS.
 set -uo pipefail
-MODE="${1:?lora, dense, final or schema}"
+MODE="${1:?lora, dense, final, mask or schema}"
 source benchmarks/device_install.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$MODE" = lora ]; then
