@@ -218,8 +218,12 @@ def drain(async_llm: AsyncLLM, loop: asyncio.AbstractEventLoop) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     engine, async_llm, loop = build(args)
     if args.gc_freeze:
-        # What a server does once started: long-lived objects (modules, tokenizer, model)
-        # leave the collector's generations, so full collections stop scanning them.
+        # What the engine does once started (engine.gc_tuning): long-lived objects leave
+        # the collector's generations, and the young generation's threshold is raised
+        from engine.gc_tuning import settle_after_startup
+
+        settle_after_startup()
+    elif args.gc_freeze_only:  # the freeze alone (the engine before round 12)
         gc.collect()
         gc.freeze()
     builder = StepInputsBuilder(args.block_size, torch.device("cpu"))
@@ -276,8 +280,11 @@ def main() -> None:
     parser.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     parser.add_argument(
-        "--gc-freeze", action="store_true", help="gc.freeze() after setup, as a server would"
+        "--gc-freeze",
+        action="store_true",
+        help="the engine's collector settings after setup (freeze, young threshold)",
     )
+    parser.add_argument("--gc-freeze-only", action="store_true", help="gc.freeze() alone")
     parser.add_argument("--profile", action="store_true", help="cProfile the decode steps")
     parser.add_argument("--profile-top", type=int, default=30)
     parser.add_argument("--json", default=None, help="also write the result to this file")
