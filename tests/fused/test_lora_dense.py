@@ -117,3 +117,24 @@ def test_apply_takes_the_dense_path_from_the_threshold(monkeypatch: pytest.Monke
         want = _reference(layer, x, y, slots[:num_tokens])
         torch.testing.assert_close(layer.apply(x, y.clone()), want, atol=1e-4, rtol=1e-4)
     assert calls == [12]
+
+
+def test_cuda_thresholds_in_and_out_of_a_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA: from ``DENSE_MIN_TOKENS`` while a graph is captured, from
+    ``DENSE_MIN_TOKENS_EAGER`` otherwise (a stand-in tensor: only ``is_cuda`` and
+    ``shape`` are read)."""
+    from types import SimpleNamespace
+
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(lora_dense, "DENSE_MIN_TOKENS", 128)
+    monkeypatch.setattr(lora_dense, "DENSE_MIN_TOKENS_EAGER", 512)
+
+    def dense(num_tokens: int) -> bool:
+        return lora_dense.use_dense(SimpleNamespace(is_cuda=True, shape=(num_tokens, 64)))
+
+    assert [dense(n) for n in (127, 128, 511, 512)] == [False, False, False, True]
+    capturing[0] = True
+    assert [dense(n) for n in (127, 128, 511, 512)] == [False, True, True, True]
+    cpu = torch.zeros(600, 4)
+    assert not lora_dense.use_dense(cpu)  # the CPU only where a test asks for it

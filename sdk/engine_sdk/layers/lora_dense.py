@@ -20,14 +20,15 @@ expand sums in float32 and rounds once into ``y``. Slot -1 tokens get all-zero r
 ``hs`` and keep ``y`` as it was.
 
 ``Bt`` is ``lora_b`` transposed per slot (``[S, R, N]``, ``LoRALayer.lora_bt``) so that a
-slice's ``[S*R, n_i]`` operand is a view. From ``DENSE_MIN_TOKENS`` tokens on a CUDA
-device (``ENGINE_LORA_DENSE_MIN_TOKENS``; on the CPU only where a test sets
-``DENSE_ON_CPU``); no host sync, so CUDA graphs capture it too. Round 12 on an H100 (W1
-over 4 adapters + base, one call): from 512 tokens the prefill steps went from 54 to 32
-ms (base 22); from 128 the decode steps at batch 256 (graphed) also went from 10.8 to
-10.4 ms (base 8.1), hence 128. Outside a graph its six to eight torch calls cost more
-host time than the two Triton launches (about 80 us against 37 at 256 tokens for q/k/v),
-which a prefill step of a few hundred tokens may feel.
+slice's ``[S*R, n_i]`` operand is a view. No host sync, so CUDA graphs capture it too.
+Where it runs, from round 12 on an H100 (W1 over 4 adapters + base, one call): from 512
+tokens the prefill steps went from 54 to 32 ms (base 22); from 128 the decode steps at
+batch 256, which run as CUDA graphs, also went from 10.8 to 10.4 ms (base 8.1). Outside a
+graph its torch calls cost more host time than the two Triton launches (q/k/v at 256
+tokens: about 78 us a call against 37), so eager steps take it from 512 tokens
+(``DENSE_MIN_TOKENS_EAGER``) and captured ones from 128 (``DENSE_MIN_TOKENS``);
+``ENGINE_LORA_DENSE_MIN_TOKENS`` sets both. On the CPU only where a test sets
+``DENSE_ON_CPU``.
 """
 
 from __future__ import annotations
@@ -37,13 +38,19 @@ from collections.abc import Sequence
 
 import torch
 
-DENSE_MIN_TOKENS = int(os.environ.get("ENGINE_LORA_DENSE_MIN_TOKENS", "128"))
+_OVERRIDE = os.environ.get("ENGINE_LORA_DENSE_MIN_TOKENS")  # both thresholds, if set
+DENSE_MIN_TOKENS = int(_OVERRIDE or 128)  # in a CUDA graph being captured (decode batches)
+DENSE_MIN_TOKENS_EAGER = int(_OVERRIDE or 512)  # outside one (prefill chunks, mixed steps)
 DENSE_ON_CPU = False
 
 
 def use_dense(x: torch.Tensor) -> bool:
-    """Whether ``x`` [T, K] takes the dense path: enough tokens, on a CUDA device."""
-    return x.shape[0] >= DENSE_MIN_TOKENS and (x.is_cuda or DENSE_ON_CPU)
+    """Whether ``x`` [T, K] takes the dense path: enough tokens on a CUDA device, fewer in
+    a graph (no host cost per torch call at replay) than outside one."""
+    if not x.is_cuda:
+        return DENSE_ON_CPU and x.shape[0] >= DENSE_MIN_TOKENS
+    capturing = torch.cuda.is_current_stream_capturing()
+    return x.shape[0] >= (DENSE_MIN_TOKENS if capturing else DENSE_MIN_TOKENS_EAGER)
 
 
 def transposed_b(lora_b: torch.Tensor) -> torch.Tensor:
