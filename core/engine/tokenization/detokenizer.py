@@ -70,7 +70,8 @@ class IncrementalDetokenizer:
         self._read_offset = read_offset
         self._prefix_offset = self._clean_start(read_offset)
         self._deltas: list[str] = []  # joined on demand: += would copy the text each step
-        self._stream = self._start_stream()
+        # deferred: flush decodes in Python over one window, so no stream is started
+        self._stream = None if defer else self._start_stream()
         self._num_streamed = read_offset  # ids the stream has been given
 
     @property
