@@ -204,7 +204,7 @@ def part_kernels(quick: bool) -> dict[str, Any]:
         lora_shrink_reference,
         lora_shrink_triton,
     )
-    from engine_sdk.layers.lora_dense import lora_apply_dense
+    from engine_sdk.layers.lora_dense import block_bt, lora_apply_dense
 
     dev = torch.device("cuda")
     out: dict[str, Any] = {"check": [], "speed": []}
@@ -230,7 +230,7 @@ def part_kernels(quick: bool) -> dict[str, Any]:
             layer = LoRALayer(ctx, 4, RANK, n_in, sizes, torch.bfloat16, dev)
             layer.lora_a.normal_(std=0.05)
             layer.lora_b.normal_(std=0.05)
-            layer.lora_bt.copy_(layer.lora_b.transpose(1, 2))
+            layer.lora_bt.copy_(block_bt(layer.lora_b, sizes))
             ctx.token_slots.copy_(torch.arange(tokens, device=dev, dtype=torch.int32) % 5 - 1)
             ctx.active = True
             x = torch.randn(tokens, n_in, device=dev, dtype=torch.bfloat16)
@@ -241,7 +241,7 @@ def part_kernels(quick: bool) -> dict[str, Any]:
             slots = ctx.token_slots[:tokens]
             dense = triton.testing.do_bench(
                 lambda x=x, y=y, layer=layer, slots=slots: lora_apply_dense(
-                    x, y, layer.lora_a, layer.lora_bt, slots, layer.slot_ids, layer.slice_sizes
+                    x, y, layer.lora_a, layer.lora_bt, slots, layer.slot_onehot
                 )
             )
             kernels = triton.testing.do_bench(

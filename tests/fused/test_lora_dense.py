@@ -1,6 +1,7 @@
 """The many-token LoRA path (``lora_dense``: cuBLAS over every slot, masked) against the
 torch reference: merged slices, padded ranks, slot -1 tokens, slots rewritten and cleared
-(``lora_bt`` kept in step with ``lora_b``), and ``LoRALayer.apply`` choosing it."""
+(``lora_bt`` kept in step with ``lora_b``), the one-hot table, and ``LoRALayer.apply``
+choosing it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from engine_sdk.layers.lora import (
     lora_expand_reference,
     lora_shrink_reference,
 )
-from engine_sdk.layers.lora_dense import lora_apply_dense
+from engine_sdk.layers.lora_dense import block_bt, lora_apply_dense, slot_onehot
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -61,7 +62,7 @@ def test_dense_matches_reference(sizes, num_slots, max_rank, k, num_tokens) -> N
     slots = slots.to(DEVICE)
     want = _reference(layer, x, y, slots)
     got = y.clone()
-    lora_apply_dense(x, got, layer.lora_a, layer.lora_bt, slots, layer.slot_ids, sizes)
+    lora_apply_dense(x, got, layer.lora_a, layer.lora_bt, slots, layer.slot_onehot)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert torch.equal(got[0], y[0])
     assert not torch.allclose(got, y)  # the adapters changed something: the test can fail
@@ -75,7 +76,7 @@ def test_dense_in_bfloat16_is_as_close_as_the_reference_rounding() -> None:
     slots = (torch.arange(50, dtype=torch.int32) % 5 - 1).to(DEVICE)
     want = _reference(layer, x, y, slots)
     got = y.clone()
-    lora_apply_dense(x, got, layer.lora_a, layer.lora_bt, slots, layer.slot_ids, sizes)
+    lora_apply_dense(x, got, layer.lora_a, layer.lora_bt, slots, layer.slot_onehot)
     # h rounds to bfloat16 before the expand (as the blocked kernels do): a few ulps
     torch.testing.assert_close(got.float(), want.float(), atol=0.25, rtol=0.02)
 
@@ -86,14 +87,27 @@ def test_rewritten_and_cleared_slots_stay_in_step() -> None:
     layer, gen = _layer(sizes, 2, 4, 16, torch.float32, seed=1)
     layer.set_slot(0, [(torch.randn(4, 16).to(DEVICE), torch.randn(8, 4).to(DEVICE))] * 2)
     layer.clear_slot(1)
-    torch.testing.assert_close(layer.lora_bt, layer.lora_b.transpose(1, 2))
+    torch.testing.assert_close(layer.lora_bt, block_bt(layer.lora_b, sizes))
+    torch.testing.assert_close(layer.lora_bt[0, :4, :8], layer.lora_b[0, :8].T)
+    torch.testing.assert_close(layer.lora_bt[0, 4:, 8:], layer.lora_b[0, 8:].T)
+    assert torch.count_nonzero(layer.lora_bt[0, :4, 8:]) == 0  # off the diagonal blocks
+    assert torch.count_nonzero(layer.lora_bt[1]) == 0
     x = torch.randn(6, 16, generator=gen).to(DEVICE)
     y = torch.zeros(6, 16, device=DEVICE)
     slots = torch.tensor([0, 1, 0, 1, -1, 0], dtype=torch.int32, device=DEVICE)
     got = y.clone()
-    lora_apply_dense(x, got, layer.lora_a, layer.lora_bt, slots, layer.slot_ids, sizes)
+    lora_apply_dense(x, got, layer.lora_a, layer.lora_bt, slots, layer.slot_onehot)
     torch.testing.assert_close(got, _reference(layer, x, y, slots), atol=1e-4, rtol=1e-4)
     assert torch.count_nonzero(got[1]) == 0 and torch.count_nonzero(got[0]) > 0
+
+
+def test_slot_onehot_gives_slot_minus_one_a_zero_row() -> None:
+    table = slot_onehot(3, torch.bfloat16, DEVICE)
+    slots = torch.tensor([2, -1, 0, 1, -1], dtype=torch.int32, device=DEVICE)
+    want = torch.tensor(
+        [[0, 0, 1], [0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 0]], dtype=torch.bfloat16
+    )
+    assert torch.equal(table[slots].cpu(), want)
 
 
 def test_apply_takes_the_dense_path_from_the_threshold(monkeypatch: pytest.MonkeyPatch) -> None:

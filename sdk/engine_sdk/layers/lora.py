@@ -41,7 +41,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine_sdk.layers.lora_dense import lora_apply_dense, transposed_b, use_dense
+from engine_sdk.layers.lora_dense import (
+    block_bt,
+    fill_block_bt,
+    lora_apply_dense,
+    slot_onehot,
+    use_dense,
+)
 from engine_sdk.layers.lora_targets import lora_target_layers
 
 if TYPE_CHECKING:
@@ -114,9 +120,10 @@ class LoRALayer:
             num_slots, num_slices * max_rank, input_size, dtype=dtype, device=device
         )
         self.lora_b = torch.zeros(num_slots, output_size, max_rank, dtype=dtype, device=device)
-        # B per slot transposed, for many-token steps (``lora_dense``; kept in step with B)
-        self.lora_bt = transposed_b(self.lora_b)
-        self.slot_ids = torch.arange(num_slots, dtype=torch.int32, device=device)
+        # B per slot transposed and block-diagonal over the slices, for many-token steps
+        # (``lora_dense.block_bt``; kept in step with B), and the slots' one-hot rows
+        self.lora_bt = block_bt(self.lora_b, self.slice_sizes)
+        self.slot_onehot = slot_onehot(num_slots, dtype, device)
         self.slices = LoRASlices(self.slice_sizes, device)
         # The counters of the shrink inside the GEMV's launch (epilogue_in_gemv): zero
         # between launches, one pair per layer for the model's lifetime.
@@ -146,7 +153,7 @@ class LoRALayer:
                 self.lora_a[slot, rows].copy_(a)
                 self.lora_b[slot, offset : offset + size, :rank].copy_(b)
             offset += size
-        self.lora_bt[slot].copy_(self.lora_b[slot].T)
+        fill_block_bt(self.lora_bt[slot], self.lora_b[slot], self.slice_sizes)
 
     def clear_slot(self, slot: int) -> None:
         self.lora_a[slot].zero_()
@@ -227,7 +234,7 @@ class LoRALayer:
         slots = self.context.token_slots[: x2.shape[0]]
         if use_dense(x2):  # many tokens: cuBLAS over every slot, masked
             lora_apply_dense(
-                x2, y2, self.lora_a, self.lora_bt, slots, self.slot_ids, self.slice_sizes
+                x2, y2, self.lora_a, self.lora_bt, slots, self.slot_onehot
             )
         elif _use_kernels(x2):  # two launches: the expand adds the shrink's K parts itself
             parts = lora_shrink_triton(x2, self.lora_a, slots, parts=True)

@@ -1,34 +1,42 @@
 """LoRA for many tokens at once (prefill chunks, large decode batches) through cuBLAS.
 
 Every slot's shrink in one GEMM, a mask that keeps each token's own slot, then one GEMM
-per slice that adds ``h @ B`` into the projection's output (``addmm_``, beta 1)::
+that adds ``h @ Bt`` into the projection's output (``addmm_``, beta 1)::
 
     h    = x @ [A_0; A_1; ...; A_{S-1}].T        [T, S * slices * R]   (one GEMM)
-    hs   = h * (slot_t == s)                     [T, slices, S, R]     (one kernel: mask
-                                                                        and reorder)
-    y[:, slice i] += hs[:, i] @ Bt[:, :, slice i]   [T, S*R] @ [S*R, n_i]   (one GEMM each)
+    h   *= onehot[slot_t]                        [T, S, slices * R]    (a row lookup and
+                                                                        a product in place)
+    y   += h @ Bt                                [T, S*slices*R] @ [S*slices*R, N]
+                                                                       (one GEMM, all slices)
 
-The products cover every slot for every token (S times the work of the token's own
-slot), which at rank 16 and a few slots is a small share of the base projection; what it
-buys is cuBLAS's bandwidth on the output's read-modify-write, the cost that dominates
-once a step holds thousands of tokens (round 12 on an H100: the blocked Triton kernels
-added 32 ms to a 22 ms prefill step of 7,911 tokens over 4 adapters).
+``Bt`` (``LoRALayer.lora_bt``, ``[S, slices * R, N]``) is ``lora_b`` transposed per slot
+and laid out block-diagonally over the slices: the R rows of slice ``i`` hold ``B_i.T`` in
+slice ``i``'s columns and zeros elsewhere, so one GEMM covers a merged projection (q/k/v,
+gate/up) and its rows are in ``h``'s order (``lora_a``'s ``[S, slices, R]``); no reorder.
+``onehot`` (``slot_onehot``) is ``[S + 1, S]`` in the model's dtype with an all-zero last
+row, so slot -1 (no adapter) indexes it and gets a zero row: ``y`` stays as it was.
+
+The products cover every slot for every token (S times the work of the token's own slot,
+``slices`` times more for the expand's zero blocks), which at rank 16 and a few slots is
+a small share of the base projection; what it buys is cuBLAS's bandwidth on the output's
+read-modify-write, the cost that dominates once a step holds thousands of tokens (round
+12 on an H100: the blocked Triton kernels added 32 ms to a 22 ms prefill step of 7,911
+tokens over 4 adapters), and four launches a projection whatever its slices (round 12's
+form, a mask built per call and one GEMM per slice, took 5 to 7: about twenty a decoder
+layer, the decode step at batch 256 costing 2.3 ms more than the base's).
 
 The roundings are the blocked kernels': ``h`` leaves the shrink in the model's dtype
 (the float32 sum rounded once, as the expand kernels round it before their dot), the
-expand sums in float32 and rounds once into ``y``. Slot -1 tokens get all-zero rows of
-``hs`` and keep ``y`` as it was.
+expand sums in float32 and rounds once into ``y``.
 
-``Bt`` is ``lora_b`` transposed per slot (``[S, R, N]``, ``LoRALayer.lora_bt``) so that a
-slice's ``[S*R, n_i]`` operand is a view. No host sync, so CUDA graphs capture it too.
-Where it runs, from round 12 on an H100 (W1 over 4 adapters + base, one call): from 512
-tokens the prefill steps went from 54 to 32 ms (base 22); from 128 the decode steps at
-batch 256, which run as CUDA graphs, also went from 10.8 to 10.4 ms (base 8.1). Outside a
-graph its torch calls cost more host time than the two Triton launches (q/k/v at 256
-tokens: about 78 us a call against 37), so eager steps take it from 512 tokens
-(``DENSE_MIN_TOKENS_EAGER``) and captured ones from 128 (``DENSE_MIN_TOKENS``);
-``ENGINE_LORA_DENSE_MIN_TOKENS`` sets both. On the CPU only where a test sets
-``DENSE_ON_CPU``.
+No host sync, so CUDA graphs capture it too. Where it runs, from round 12 on an H100 (W1
+over 4 adapters + base, one call): from 512 tokens the prefill steps went from 54 to 32
+ms (base 22); from 128 the decode steps at batch 256, which run as CUDA graphs, also went
+from 10.8 to 10.4 ms (base 8.1). Outside a graph its torch calls cost more host time than
+the two Triton launches (q/k/v at 256 tokens: about 78 us a call against 37), so eager
+steps take it from 512 tokens (``DENSE_MIN_TOKENS_EAGER``) and captured ones from 128
+(``DENSE_MIN_TOKENS``); ``ENGINE_LORA_DENSE_MIN_TOKENS`` sets both. On the CPU only where
+a test sets ``DENSE_ON_CPU``.
 """
 
 from __future__ import annotations
@@ -53,9 +61,32 @@ def use_dense(x: torch.Tensor) -> bool:
     return x.shape[0] >= (DENSE_MIN_TOKENS if capturing else DENSE_MIN_TOKENS_EAGER)
 
 
-def transposed_b(lora_b: torch.Tensor) -> torch.Tensor:
-    """``lora_b`` [S, N, R] as the dense expand reads it: ``[S, R, N]``, contiguous."""
-    return lora_b.transpose(1, 2).contiguous()
+def slot_onehot(num_slots: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """``[S + 1, S]``: row ``s`` one-hot at ``s``, the last row (index -1) all zeros."""
+    table = torch.zeros(num_slots + 1, num_slots, dtype=dtype, device=device)
+    table[:num_slots].fill_diagonal_(1)
+    return table
+
+
+def block_bt(lora_b: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    """``lora_b`` [S, N, R] as the dense expand reads it: ``[S, slices * R, N]``, slice
+    ``i``'s rows ``B_i.T`` in its own columns, zeros elsewhere."""
+    num_slots, num_out, rank = lora_b.shape
+    bt = lora_b.new_zeros(num_slots, len(sizes) * rank, num_out)
+    for slot in range(num_slots):
+        fill_block_bt(bt[slot], lora_b[slot], sizes)
+    return bt
+
+
+def fill_block_bt(bt: torch.Tensor, b: torch.Tensor, sizes: Sequence[int]) -> None:
+    """One slot of :func:`block_bt`: ``bt`` [slices * R, N] from ``b`` [N, R], in place."""
+    rank = b.shape[1]
+    bt.zero_()
+    offset = 0
+    for i, size in enumerate(sizes):
+        cols = slice(offset, offset + size)
+        bt[i * rank : (i + 1) * rank, cols].copy_(b[cols].T)
+        offset += size
 
 
 def lora_apply_dense(
@@ -64,37 +95,18 @@ def lora_apply_dense(
     lora_a: torch.Tensor,
     lora_bt: torch.Tensor,
     slots: torch.Tensor,
-    slot_ids: torch.Tensor,
-    sizes: Sequence[int],
+    onehot: torch.Tensor,
 ) -> None:
     """``y[t] += B[slots[t]] @ A[slots[t]] @ x[t]`` in place for every token (nothing where
     ``slots[t] < 0``); ``x`` [T, K], ``y`` [T, N] with unit column stride, ``lora_a``
-    [S, slices * R, K], ``lora_bt`` [S, R, N], ``slot_ids`` ``arange(S)`` on the device,
-    ``sizes`` the slices' output columns."""
+    [S, slices * R, K], ``lora_bt`` [S, slices * R, N] (:func:`block_bt`), ``onehot``
+    :func:`slot_onehot` in ``x``'s dtype."""
     num_tokens, k = x.shape
     num_slots, slice_rows, _ = lora_a.shape
-    num_slices = len(sizes)
-    rank = slice_rows // num_slices
-    assert rank * num_slices == slice_rows and lora_bt.shape[1] == rank
-    assert sum(sizes) == y.shape[1] == lora_bt.shape[2] and y.stride(1) == 1
+    assert lora_bt.shape == (num_slots, slice_rows, y.shape[1]) and y.stride(1) == 1
+    assert onehot.shape == (num_slots + 1, num_slots) and onehot.dtype == x.dtype
     if num_tokens == 0:
         return
     h = torch.mm(x, lora_a.view(num_slots * slice_rows, k).t())
-    # In h's dtype. A boolean mask (promoted inside the product) was the one LoRA change
-    # between two H100 calls whose W1 prefill steps over 4 adapters took 32 ms (this
-    # form) and 52 ms (boolean), so this form stays; the revert itself was not re-timed.
-    mask = (slots[:num_tokens, None] == slot_ids[None, :]).to(h.dtype)
-    hs = torch.empty(num_tokens, num_slices, num_slots, rank, dtype=h.dtype, device=h.device)
-    torch.mul(
-        h.view(num_tokens, num_slots, num_slices, rank),
-        mask[:, :, None, None],
-        out=hs.permute(0, 2, 1, 3),
-    )
-    offset = 0
-    for i, size in enumerate(sizes):
-        cols = slice(offset, offset + size)
-        y[:, cols].addmm_(
-            hs[:, i].reshape(num_tokens, num_slots * rank),
-            lora_bt[:, :, cols].reshape(num_slots * rank, size),
-        )
-        offset += size
+    h.view(num_tokens, num_slots, slice_rows).mul_(onehot[slots[:num_tokens]][:, :, None])
+    y.addmm_(h, lora_bt.view(num_slots * slice_rows, -1))
