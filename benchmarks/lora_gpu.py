@@ -239,10 +239,13 @@ def part_kernels(quick: bool) -> dict[str, Any]:
             base = triton.testing.do_bench(lambda x=x, w=w: torch.nn.functional.linear(x, w))
             lora = triton.testing.do_bench(lambda x=x, y=y, layer=layer: layer.apply(x, y))
             slots = ctx.token_slots[:tokens]
-            dense = triton.testing.do_bench(
-                lambda x=x, y=y, layer=layer, slots=slots: lora_apply_dense(
-                    x, y, layer.lora_a, layer.lora_bt, slots, layer.slot_onehot
+            dense, dense_torch = (
+                triton.testing.do_bench(
+                    lambda x=x, y=y, layer=layer, slots=slots, e=expand: lora_apply_dense(
+                        x, y, layer.lora_a, layer.lora_bt, slots, layer.slot_onehot, e
+                    )
                 )
+                for expand in ("triton", "torch")
             )
             kernels = triton.testing.do_bench(
                 lambda x=x, y=y, layer=layer, slots=slots: lora_expand_triton(
@@ -252,7 +255,8 @@ def part_kernels(quick: bool) -> dict[str, Any]:
             )  # fmt: skip
             out["speed"].append({
                 "projection": name, "tokens": tokens, "base_gemm_ms": base, "lora_ms": lora,
-                "lora_over_base": lora / base, "dense_ms": dense, "kernels_ms": kernels,
+                "lora_over_base": lora / base, "dense_ms": dense, "dense_torch_ms": dense_torch,
+                "kernels_ms": kernels,
             })  # fmt: skip
     return out
 
@@ -274,7 +278,9 @@ def print_table(results: dict[str, Any]) -> None:
                 f"{s['projection']} LoRA, {s['tokens']} tokens, 4 adapters",
                 f"{s['lora_ms'] * 1000:.1f} us",
                 f"{s['lora_over_base']:.2f}x base GEMM ({base_us:.1f} us); dense "
-                f"{s['dense_ms'] * 1000:.1f} us, kernels {s['kernels_ms'] * 1000:.1f} us",
+                f"{s['dense_ms'] * 1000:.1f} us (torch expand "
+                f"{s.get('dense_torch_ms', float('nan')) * 1000:.1f}), "
+                f"kernels {s['kernels_ms'] * 1000:.1f} us",
             )
         )
     w1 = results.get("w1", {})

@@ -10,10 +10,13 @@
 #           W1 over 4 adapters + base (issue 19's >= 80% of base), then kernel profiles of
 #           the 0.6B shape's batch-1 decode in bf16, FP8 and AWQ (issue 23: why the
 #           quantized W2 is slower than bf16 there)
+#   lora2   the dense path's expand as one Triton launch that masks as it loads (two
+#           launches a projection): its GPU tests, the kernel table (Triton and torch
+#           expands), the full W1 over 4 adapters + base with each expand
 #   schema  the JSON schema at batch 256 (3 runs; issue 15's <= 10%)
 # The vLLM side runs through round11_gpu.sh's sbs mode (SBS_PARTS).
 set -uo pipefail
-MODE="${1:?lora or schema}"
+MODE="${1:?lora, lora2 or schema}"
 source benchmarks/device_install.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$MODE" = lora ]; then
@@ -38,6 +41,17 @@ print(awq_variant(Path('../.gpu/qwen3').resolve()))")
         py 60 benchmarks/profile_kernels_gpu.py "${args[@]}" --tokens 32 --max-num-seqs 4 \
             --out "$OUT/prof_qwen06b_$v.json" 2>&1 | grep -v "Warning\|warn" | tail -24
     done
+elif [ "$MODE" = lora2 ]; then
+    py 120 -m pytest -q -p no:cacheprovider tests/fused/test_lora_dense.py 2>&1 | tail -2
+    py 200 benchmarks/lora_gpu.py --parts w1 --w1-configs base,mixed \
+        --out "$OUT/lora_w1.json" 2>&1 | grep "^W1"
+    ENGINE_LORA_DENSE_EXPAND=torch py 100 benchmarks/lora_gpu.py --parts w1 \
+        --w1-configs mixed --out "$OUT/lora_w1_torch_expand.json" 2>&1 | grep "^W1" \
+        | sed "s/^/torch expand: /"
+    py 90 benchmarks/lora_gpu.py --quick --parts kernels --out "$OUT/lora_kernels.json" \
+        2>&1 | grep "LoRA, \|check" | tail -12
+    ENGINE_LORA_DENSE_MIN_TOKENS=1 py 90 -m pytest -q -p no:cacheprovider \
+        tests/lora/test_lora_cuda.py -k "not inside" 2>&1 | tail -2
 else
     (cd benchmarks && py 300 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
         --runs 3 --out "$OUT/structured_e2e.json" > "$OUT/structured_e2e.log" 2>&1)

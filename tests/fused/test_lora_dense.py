@@ -48,12 +48,16 @@ def _reference(layer, x, y, slots):
     return want
 
 
+EXPANDS = ["torch", "triton"]  # the Triton expand runs in the interpreter on a CPU
+
+
+@pytest.mark.parametrize("expand", EXPANDS)
 @pytest.mark.parametrize(
     ("sizes", "num_slots", "max_rank", "k", "num_tokens"),
     [([24], 1, 8, 40, 9), ([16, 8, 8], 3, 8, 32, 37), ([12, 12], 4, 16, 48, 20)],
     ids=["one-slice", "qkv", "gate-up"],
 )
-def test_dense_matches_reference(sizes, num_slots, max_rank, k, num_tokens) -> None:
+def test_dense_matches_reference(sizes, num_slots, max_rank, k, num_tokens, expand) -> None:
     layer, gen = _layer(sizes, num_slots, max_rank, k, torch.float32, seed=num_tokens)
     x = torch.randn(num_tokens, k, generator=gen).to(DEVICE)
     y = torch.randn(num_tokens, sum(sizes), generator=gen).to(DEVICE)
@@ -62,13 +66,14 @@ def test_dense_matches_reference(sizes, num_slots, max_rank, k, num_tokens) -> N
     slots = slots.to(DEVICE)
     want = _reference(layer, x, y, slots)
     got = y.clone()
-    lora_apply_dense(x, got, layer.lora_a, layer.lora_bt, slots, layer.slot_onehot)
+    lora_apply_dense(x, got, layer.lora_a, layer.lora_bt, slots, layer.slot_onehot, expand)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert torch.equal(got[0], y[0])
     assert not torch.allclose(got, y)  # the adapters changed something: the test can fail
 
 
-def test_dense_in_bfloat16_is_as_close_as_the_reference_rounding() -> None:
+@pytest.mark.parametrize("expand", EXPANDS)
+def test_dense_in_bfloat16_is_as_close_as_the_reference_rounding(expand) -> None:
     sizes = [64, 32, 32]
     layer, gen = _layer(sizes, 4, 16, 128, torch.bfloat16, seed=5)
     x = torch.randn(50, 128, generator=gen).to(DEVICE, torch.bfloat16)
@@ -76,7 +81,7 @@ def test_dense_in_bfloat16_is_as_close_as_the_reference_rounding() -> None:
     slots = (torch.arange(50, dtype=torch.int32) % 5 - 1).to(DEVICE)
     want = _reference(layer, x, y, slots)
     got = y.clone()
-    lora_apply_dense(x, got, layer.lora_a, layer.lora_bt, slots, layer.slot_onehot)
+    lora_apply_dense(x, got, layer.lora_a, layer.lora_bt, slots, layer.slot_onehot, expand)
     # h rounds to bfloat16 before the expand (as the blocked kernels do): a few ulps
     torch.testing.assert_close(got.float(), want.float(), atol=0.25, rtol=0.02)
 
@@ -122,6 +127,7 @@ def test_apply_takes_the_dense_path_from_the_threshold(monkeypatch: pytest.Monke
     monkeypatch.setattr(lora, "lora_apply_dense", counted)
     monkeypatch.setattr(lora_dense, "DENSE_ON_CPU", True)
     monkeypatch.setattr(lora_dense, "DENSE_MIN_TOKENS", 10)
+    monkeypatch.setattr(lora_dense, "DENSE_MIN_TOKENS_EAGER", 10)  # (on a GPU: eager)
     slots = (torch.arange(12, dtype=torch.int32) % 4 - 1).to(DEVICE)
     layer.context.token_slots[:12] = slots
     layer.context.active = True

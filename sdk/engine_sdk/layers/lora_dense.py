@@ -41,6 +41,7 @@ a test sets ``DENSE_ON_CPU``.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 
@@ -50,6 +51,10 @@ _OVERRIDE = os.environ.get("ENGINE_LORA_DENSE_MIN_TOKENS")  # both thresholds, i
 DENSE_MIN_TOKENS = int(_OVERRIDE or 128)  # in a CUDA graph being captured (decode batches)
 DENSE_MIN_TOKENS_EAGER = int(_OVERRIDE or 512)  # outside one (prefill chunks, mixed steps)
 DENSE_ON_CPU = False
+# The expand: "triton" (one launch that masks as it loads, ``_lora_dense_kernel``; CUDA
+# only unless a caller asks) or "torch" (the one-hot lookup, its product into ``h`` and
+# cuBLAS's ``addmm_``: three launches). ENGINE_LORA_DENSE_EXPAND for comparisons.
+EXPAND = os.environ.get("ENGINE_LORA_DENSE_EXPAND", "triton")
 
 
 def use_dense(x: torch.Tensor) -> bool:
@@ -89,6 +94,22 @@ def fill_block_bt(bt: torch.Tensor, b: torch.Tensor, sizes: Sequence[int]) -> No
         offset += size
 
 
+@functools.lru_cache(maxsize=1)
+def _kernel() -> object | None:
+    try:
+        from engine_sdk.layers._lora_dense_kernel import lora_dense_expand_kernel
+    except ImportError:
+        return None
+    kernel: object = lora_dense_expand_kernel
+    return kernel
+
+
+def default_expand(x: torch.Tensor) -> str:
+    """The expand ``lora_apply_dense`` runs for ``x``: ``EXPAND`` on CUDA where Triton
+    imports, else "torch"."""
+    return "triton" if EXPAND == "triton" and x.is_cuda and _kernel() is not None else "torch"
+
+
 def lora_apply_dense(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -96,11 +117,13 @@ def lora_apply_dense(
     lora_bt: torch.Tensor,
     slots: torch.Tensor,
     onehot: torch.Tensor,
+    expand: str | None = None,
 ) -> None:
     """``y[t] += B[slots[t]] @ A[slots[t]] @ x[t]`` in place for every token (nothing where
     ``slots[t] < 0``); ``x`` [T, K], ``y`` [T, N] with unit column stride, ``lora_a``
     [S, slices * R, K], ``lora_bt`` [S, slices * R, N] (:func:`block_bt`), ``onehot``
-    :func:`slot_onehot` in ``x``'s dtype."""
+    :func:`slot_onehot` in ``x``'s dtype; ``expand`` "triton" or "torch" (None:
+    :func:`default_expand`)."""
     num_tokens, k = x.shape
     num_slots, slice_rows, _ = lora_a.shape
     assert lora_bt.shape == (num_slots, slice_rows, y.shape[1]) and y.stride(1) == 1
@@ -108,5 +131,31 @@ def lora_apply_dense(
     if num_tokens == 0:
         return
     h = torch.mm(x, lora_a.view(num_slots * slice_rows, k).t())
+    bt = lora_bt.view(num_slots * slice_rows, -1)
+    if (expand or default_expand(x)) == "triton":
+        _expand_triton(y, h, bt, slots[:num_tokens], slice_rows)
+        return
     h.view(num_tokens, num_slots, slice_rows).mul_(onehot[slots[:num_tokens]][:, :, None])
-    y.addmm_(h, lora_bt.view(num_slots * slice_rows, -1))
+    y.addmm_(h, bt)
+
+
+def _expand_triton(
+    y: torch.Tensor, h: torch.Tensor, bt: torch.Tensor, slots: torch.Tensor, rows_per_slot: int
+) -> None:
+    """One launch of ``_lora_dense_kernel``: tiles by token count (more programs for the
+    decode batches, larger tiles for prefill chunks)."""
+    kernel = _kernel()
+    assert kernel is not None, "the dense expand needs Triton"
+    num_tokens, num_out = y.shape
+    ke = h.shape[1]
+    assert h.stride(1) == bt.stride(1) == 1
+    block_m = 32 if num_tokens <= 256 else 64 if num_tokens <= 2048 else 128
+    block_n = 64 if num_tokens <= 2048 else 128
+    block_k = max(16, min(64, 1 << (ke - 1).bit_length()))
+    grid = (-(-num_tokens // block_m), -(-num_out // block_n))
+    kernel[grid](  # type: ignore[index]
+        h, bt, y, slots, num_tokens, num_out, ke, h.stride(0), bt.stride(0), y.stride(0),
+        ROWS_PER_SLOT=rows_per_slot, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        DOT_PRECISION="ieee" if h.dtype == torch.float32 else "tf32",
+        num_warps=8 if block_m * block_n >= 128 * 128 else 4,
+    )  # fmt: skip
