@@ -158,3 +158,16 @@ def test_cuda_thresholds_in_and_out_of_a_graph(monkeypatch: pytest.MonkeyPatch) 
     assert [dense(n) for n in (127, 128, 511, 512)] == [False, True, True, True]
     cpu = torch.zeros(600, 4)
     assert not lora_dense.use_dense(cpu)  # the CPU only where a test asks for it
+
+
+def test_slot_bytes_formula_matches_the_layers_tensors() -> None:
+    """``LoRAConfig.slot_bytes`` (docs/lora.md's memory formula) is what the layers hold."""
+    from engine.lora.config import LoRAConfig
+
+    shapes = [(32, [16, 8, 8]), (16, [32]), (32, [24, 24])]  # (in, slices): qkv, o, gate/up
+    held = 0
+    for k, sizes in shapes:
+        layer = LoRALayer(LoRAContext(8, "cpu"), 3, 4, k, sizes, torch.bfloat16, "cpu")
+        held += layer.lora_a.nbytes + layer.lora_b.nbytes + layer.lora_bt.nbytes
+    projections = [(k, sum(sizes), len(sizes)) for k, sizes in shapes]
+    assert LoRAConfig.slot_bytes(3, 4, projections, 2) == held

@@ -52,8 +52,9 @@ class LoRAConfig:
         dtype_bytes: int,
     ) -> int:
         """Device bytes of the slots: per projection (in, out, num_slices),
-        ``max_loras * max_lora_rank * (num_slices * in + out) * dtype_bytes``."""
+        ``max_loras * max_lora_rank * (num_slices * (in + out) + out) * dtype_bytes`` (``A``,
+        ``B``, and ``B`` transposed block-diagonally for the many-token path)."""
         return sum(
-            max_loras * max_lora_rank * (slices * n_in + n_out) * dtype_bytes
+            max_loras * max_lora_rank * (slices * (n_in + n_out) + n_out) * dtype_bytes
             for n_in, n_out, slices in projections
         )

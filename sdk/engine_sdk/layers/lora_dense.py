@@ -29,14 +29,19 @@ The roundings are the blocked kernels': ``h`` leaves the shrink in the model's d
 (the float32 sum rounded once, as the expand kernels round it before their dot), the
 expand sums in float32 and rounds once into ``y``.
 
-No host sync, so CUDA graphs capture it too. Where it runs, from round 12 on an H100 (W1
-over 4 adapters + base, one call): from 512 tokens the prefill steps went from 54 to 32
-ms (base 22); from 128 the decode steps at batch 256, which run as CUDA graphs, also went
-from 10.8 to 10.4 ms (base 8.1). Outside a graph its torch calls cost more host time than
-the two Triton launches (q/k/v at 256 tokens: about 78 us a call against 37), so eager
-steps take it from 512 tokens (``DENSE_MIN_TOKENS_EAGER``) and captured ones from 128
-(``DENSE_MIN_TOKENS``); ``ENGINE_LORA_DENSE_MIN_TOKENS`` sets both. On the CPU only where
-a test sets ``DENSE_ON_CPU``.
+No host sync, so CUDA graphs capture it too. On CUDA the expand is one Triton launch
+that masks ``h`` as it loads (``_lora_dense_kernel``; ``EXPAND``), so a projection is two
+launches (cuBLAS's shrink, this expand); elsewhere, or with
+``ENGINE_LORA_DENSE_EXPAND=torch``, the one-hot lookup, its product into ``h`` and
+``addmm_``. Round 13 on an H100 (W1 over 4 adapters + base, one call; kernel table of
+q/k/v over 4 adapters, eager): the Triton expand took the mixed W1 from 76% of base to
+86% (decode steps at batch 256: 9.27 ms against 10.31 with the torch expand, base 8.24;
+prefill steps of 7,911 tokens 30.3 against 34.5, base 22.4), and it is faster than the
+blocked Triton kernels from 16 tokens (13.0 us against 26.7; 256 tokens 14.7 against
+33-87 in two calls; 4,096 tokens 49.5 against 240), so steps take it from ``DENSE_MIN_TOKENS`` (16)
+tokens, in CUDA graphs and outside them (``DENSE_MIN_TOKENS_EAGER``, the same);
+``ENGINE_LORA_DENSE_MIN_TOKENS`` sets both. On the CPU only where a test sets
+``DENSE_ON_CPU``.
 """
 
 from __future__ import annotations
@@ -48,8 +53,8 @@ from collections.abc import Sequence
 import torch
 
 _OVERRIDE = os.environ.get("ENGINE_LORA_DENSE_MIN_TOKENS")  # both thresholds, if set
-DENSE_MIN_TOKENS = int(_OVERRIDE or 128)  # in a CUDA graph being captured (decode batches)
-DENSE_MIN_TOKENS_EAGER = int(_OVERRIDE or 512)  # outside one (prefill chunks, mixed steps)
+DENSE_MIN_TOKENS = int(_OVERRIDE or 16)  # in a CUDA graph being captured (decode batches)
+DENSE_MIN_TOKENS_EAGER = int(_OVERRIDE or 16)  # outside one (prefill chunks, mixed steps)
 DENSE_ON_CPU = False
 # The expand: "triton" (one launch that masks as it loads, ``_lora_dense_kernel``; CUDA
 # only unless a caller asks) or "torch" (the one-hot lookup, its product into ``h`` and
