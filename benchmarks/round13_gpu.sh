@@ -13,10 +13,13 @@
 #   lora2   the dense path's expand as one Triton launch that masks as it loads (two
 #           launches a projection): its GPU tests, the kernel table (Triton and torch
 #           expands), the full W1 over 4 adapters + base with each expand
+#   lora3   after the threshold went to 16 tokens (both): the LoRA GPU tests, the full
+#           W1 over 4 adapters + base, batch-1 decode with an adapter, then the JSON
+#           schema at batch 256 (2 runs)
 #   schema  the JSON schema at batch 256 (3 runs; issue 15's <= 10%)
 # The vLLM side runs through round11_gpu.sh's sbs mode (SBS_PARTS).
 set -uo pipefail
-MODE="${1:?lora, lora2 or schema}"
+MODE="${1:?lora, lora2, lora3 or schema}"
 source benchmarks/device_install.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$MODE" = lora ]; then
@@ -52,6 +55,16 @@ elif [ "$MODE" = lora2 ]; then
         2>&1 | grep "LoRA, \|check" | tail -12
     ENGINE_LORA_DENSE_MIN_TOKENS=1 py 90 -m pytest -q -p no:cacheprovider \
         tests/lora/test_lora_cuda.py -k "not inside" 2>&1 | tail -2
+elif [ "$MODE" = lora3 ]; then
+    py 100 -m pytest -q -p no:cacheprovider tests/fused/test_lora_dense.py \
+        tests/lora/test_lora_cuda.py -k "not inside" 2>&1 | tail -2
+    py 200 benchmarks/lora_gpu.py --parts w1 --w1-configs base,mixed \
+        --out "$OUT/lora_w1.json" 2>&1 | grep "^W1"
+    py 70 benchmarks/lora_gpu.py --quick --parts decode --decode-runs base,adapter \
+        --out "$OUT/lora_decode.json" 2>&1 | grep "batch-1"
+    (cd benchmarks && py 150 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
+        --runs 2 --out "$OUT/structured_e2e.json" > "$OUT/structured_e2e.log" 2>&1)
+    grep '"added\|Error' "$OUT/structured_e2e.log" | tail -6
 else
     (cd benchmarks && py 300 structured_e2e_gpu.py --model ../.gpu/qwen3 --num-seqs 256 \
         --runs 3 --out "$OUT/structured_e2e.json" > "$OUT/structured_e2e.log" 2>&1)
