@@ -232,10 +232,8 @@ class LoRALayer:
         y = y if y.is_contiguous() else y.contiguous()
         y2 = y.view(-1, y.shape[-1])
         slots = self.context.token_slots[: x2.shape[0]]
-        if use_dense(x2):  # many tokens: cuBLAS over every slot, masked
-            lora_apply_dense(
-                x2, y2, self.lora_a, self.lora_bt, slots, self.slot_onehot
-            )
+        if use_dense(x2):  # 16+ tokens: every slot in two launches (lora_dense)
+            lora_apply_dense(x2, y2, self.lora_a, self.lora_bt, slots, self.slot_onehot)
         elif _use_kernels(x2):  # two launches: the expand adds the shrink's K parts itself
             parts = lora_shrink_triton(x2, self.lora_a, slots, parts=True)
             lora_expand_triton(y2, parts, self.lora_b, slots, self.slices)
