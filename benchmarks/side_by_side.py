@@ -6,6 +6,12 @@ anchor is unpacked (``../shared/vllm-anchor``: ``$HOME/v/env.sh`` and ``$VLLM_MO
 
     python3 benchmarks/side_by_side.py --parts w1,w4 --out $OUT/sbs.json
     python3 benchmarks/side_by_side.py --parts llama8b_fp8,llama8b_awq --out $OUT/sbs_q.json
+    python3 benchmarks/side_by_side.py --parts w1_kvfp8,w1_fp8,llama8bw1,llama8bw1_fp8 --out F
+
+Parts: ``w1`` and ``w4`` (offline throughput), ``prefill`` (W1's prompts, one output
+token), ``w2`` and ``llama8b`` (batch-1 latency); W1 on the 8B shape is ``llama8bw1``.
+Suffixes: ``_fp8`` (both engines quantize online), ``_awq`` (both load an AutoAWQ-config
+copy; batch-1 and W1 parts) and, for the W1 parts, ``_kvfp8`` (an fp8 KV cache in both).
 
 Engine runs through its CLI (``engine bench``, async scheduling on, and off where a part
 lists ``sync``); vLLM runs its own ``vllm bench`` in a subshell with its environment, so
@@ -154,14 +160,27 @@ def main() -> None:
 
     for part in args.parts.split(","):
         row: dict[str, Any] = {"metric": "output_tokens_per_s"}
-        if part == "w1":
-            row["engine"] = engine(work, "w1", "throughput", qwen, W1[1], False)
+        if part.partition("_")[0] in ("w1", "llama8bw1"):
+            # W1 on the 0.6B shape (w1) or the 8B one (llama8bw1); with _fp8 both engines
+            # quantize online, with _awq both load the AutoAWQ-config copy, with _kvfp8
+            # both keep an fp8 KV cache (issue 23's W1 rows)
+            shape, _, variant = part.partition("_")
+            model = qwen if shape == "w1" else llama_dir(work, qwen)
+            extra = {"": [], "fp8": ["--quantization", "fp8"], "awq": [],
+                     "kvfp8": ["--kv-cache-dtype", "fp8"]}.get(variant)  # fmt: skip
+            if extra is None:
+                raise SystemExit(f"unknown part {part!r}")
+            if variant == "awq":
+                model = awq_variant(model)
+            row["engine"] = engine(work, part, "throughput", model, W1[1] + extra, False)
             keep(part, row)
             if args.sync:
-                row["engine_sync"] = engine(work, "w1_sync", "throughput", qwen, W1[1], True)
+                row["engine_sync"] = engine(
+                    work, part + "_sync", "throughput", model, W1[1] + extra, True
+                )
             vargs = ["--dataset-name", "random", "--random-input-len", "512"]
-            vargs += ["--random-output-len", "256", "--num-prompts", "1024"]
-            row["vllm"] = run_vllm(work, "w1_vllm", "throughput", qwen, vargs)
+            vargs += ["--random-output-len", "256", "--num-prompts", "1024", *extra]
+            row["vllm"] = run_vllm(work, part + "_vllm", "throughput", model, vargs)
             key = "output_tokens_per_s"
         elif part == "w4":
             row["engine"] = engine(work, "w4", "throughput", qwen, W4_ENGINE, False)
