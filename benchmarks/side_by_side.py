@@ -8,7 +8,8 @@ anchor is unpacked (``../shared/vllm-anchor``: ``$HOME/v/env.sh`` and ``$VLLM_MO
     python3 benchmarks/side_by_side.py --parts llama8b_fp8,llama8b_awq --out $OUT/sbs_q.json
     python3 benchmarks/side_by_side.py --parts w1_kvfp8,w1_fp8,llama8bw1,llama8bw1_fp8 --out F
 
-Parts: ``w1`` and ``w4`` (offline throughput), ``prefill`` (W1's prompts, one output
+Parts: ``w1`` and ``w4`` (offline throughput; ``w4same``: W4 with vLLM's random draw fed
+to both engines, ``vllm_requests.py``), ``prefill`` (W1's prompts, one output
 token), ``w2`` and ``llama8b`` (batch-1 latency); W1 on the 8B shape is ``llama8bw1``.
 Suffixes: ``_fp8`` (both engines quantize online), ``_awq`` (both load an AutoAWQ-config
 copy; batch-1 and W1 parts) and, for the W1 parts, ``_kvfp8`` (an fp8 KV cache in both).
@@ -188,6 +189,26 @@ def main() -> None:
             if args.sync:
                 row["engine_sync"] = engine(work, "w4_sync", "throughput", qwen, W4_ENGINE, True)
             row["vllm"] = run_vllm(work, "w4_vllm", "throughput", qwen, W4_VLLM)
+            key = "output_tokens_per_s"
+        elif part == "w4same":
+            # W4 with one request list: vLLM's random draw (W4_VLLM, seed 0), written in
+            # vLLM's environment by vllm_requests.py and read by Engine's custom dataset
+            data = work / "w4_requests.jsonl"
+            dump = Path(__file__).resolve().parent / "vllm_requests.py"
+            vlen = W4_VLLM[W4_VLLM.index("--random-input-len") :]
+            code, text = sh(
+                f"(source {HOME}/v/env.sh; python3 {dump} --model {qwen} --out {data} "
+                f"{' '.join(a for a in vlen if a != '--max-model-len' and a != '4096')})",
+                work / "w4same_requests.log",
+                300,
+            )
+            row["requests"] = text.strip().splitlines()[-1:] if not code else None
+            if not code:
+                eargs = ["--dataset-name", "custom", "--dataset-path", str(data)]
+                eargs += ["--max-model-len", "4096"]
+                row["engine"] = engine(work, "w4same", "throughput", qwen, eargs, False)
+                keep(part, row)
+                row["vllm"] = run_vllm(work, "w4same_vllm", "throughput", qwen, W4_VLLM)
             key = "output_tokens_per_s"
         elif part == "prefill":  # W1's prompts with one output token: prefill rate
             pargs = ["--num-prompts", "1024", "--input-len", "512", "--output-len", "1"]

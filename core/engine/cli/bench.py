@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -81,7 +82,13 @@ def _finish(kind: str, result: dict[str, Any], save_result: str | None) -> None:
 @app.command(context_settings=_EXTRA)
 def throughput(
     ctx: typer.Context,
-    dataset_name: Annotated[str, typer.Option(help="random or nano-vllm")] = "random",
+    dataset_name: Annotated[str, typer.Option(help="random, nano-vllm or custom")] = "random",
+    dataset_path: Annotated[
+        str | None, typer.Option(help="custom: a JSONL file, vLLM's custom-dataset format.")
+    ] = None,
+    custom_output_len: Annotated[
+        int, typer.Option(help="custom: output tokens of every request (-1: the file's).")
+    ] = -1,
     num_prompts: int = 1000,
     input_len: InputLen = 512,
     output_len: OutputLen = 256,
@@ -91,11 +98,27 @@ def throughput(
     save_result: SaveResult = None,
 ) -> None:
     """Offline throughput: every prompt submitted at once, output tokens per second."""
-    from engine.benchmarks.datasets import nano_vllm_requests, random_requests
+    from engine.benchmarks.datasets import custom_requests, nano_vllm_requests, random_requests
     from engine.benchmarks.offline import run_throughput
 
+    if dataset_name not in ("random", "nano-vllm", "custom"):
+        raise typer.BadParameter("--dataset-name must be random, nano-vllm or custom")
+    if dataset_name == "custom" and (dataset_path is None or not Path(dataset_path).is_file()):
+        raise typer.BadParameter(
+            f"--dataset-name custom reads --dataset-path, a JSONL file; got {dataset_path!r}"
+        )
     llm = _engine_from_args(list(ctx.args))
-    if dataset_name == "nano-vllm":
+    if dataset_name == "custom":
+        assert dataset_path is not None
+        tokenizer = llm.get_tokenizer()
+        try:
+            requests = custom_requests(
+                dataset_path, tokenizer.encode, num_prompts, custom_output_len
+            )
+        except ValueError as exc:  # the file's content: one line, exit 1
+            typer.echo(f"error: --dataset-path {exc}", err=True)
+            raise typer.Exit(1) from None
+    elif dataset_name == "nano-vllm":
         requests = nano_vllm_requests()
     elif dataset_name == "random":
         requests = random_requests(
@@ -106,8 +129,6 @@ def throughput(
             random_range_ratio,
             random_prefix_len,
         )
-    else:
-        raise typer.BadParameter("--dataset-name must be random or nano-vllm")
     result = run_throughput(llm, requests, temperature)
     _finish("throughput", {**result, "engine": _engine_facts(llm)}, save_result)
 
