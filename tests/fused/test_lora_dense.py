@@ -171,3 +171,46 @@ def test_slot_bytes_formula_matches_the_layers_tensors() -> None:
         held += layer.lora_a.nbytes + layer.lora_b.nbytes + layer.lora_bt.nbytes
     projections = [(k, sum(sizes), len(sizes)) for k, sizes in shapes]
     assert LoRAConfig.slot_bytes(3, 4, projections, 2) == held
+
+
+def test_every_step_size_uses_a_kernel_the_warm_up_compiled(monkeypatch) -> None:
+    """The Triton expand's compiled variants are its tile shapes only (the token count and
+    a projection's rows per slot are not specialized on), and ``warm_up_dense`` launches
+    each of them: no step compiles a kernel after startup. Launches are recorded, not run."""
+    from engine_sdk.layers import _lora_dense_kernel
+
+    kernel = _lora_dense_kernel.lora_dense_expand_kernel
+    free = getattr(kernel, "do_not_specialize", None)
+    if free is None:  # the interpreter keeps the decorator's arguments
+        free = kernel.kwargs.get("do_not_specialize")
+    assert {"T", "ROWS_PER_SLOT"} <= set(free)
+    seen: list[tuple] = []
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **constexprs):
+                ints = {
+                    n: v for n, v in zip(kernel.arg_names, args, strict=False) if type(v) is int
+                }
+                classes = tuple(
+                    sorted((n, v == 1, v % 16 == 0) for n, v in ints.items() if n not in free)
+                )
+                seen.append((tuple(sorted(constexprs.items())), classes))
+
+            return launch
+
+    monkeypatch.setattr(lora_dense, "_kernel", lambda: Recording())
+    monkeypatch.setattr(lora_dense, "EXPAND", "triton")
+    assert lora_dense.warm_up_dense(torch.bfloat16, "cpu") == 3
+    warmed = set(seen)
+    assert len(warmed) == 3
+    seen.clear()
+    for sizes, k in (([2048, 1024, 1024], 1024), ([1024], 2048), ([3072, 3072], 1024)):
+        layer = LoRALayer(LoRAContext(8, "cpu"), 4, 16, k, sizes, torch.bfloat16, "cpu")
+        for num_tokens in (16, 100, 256, 257, 1000, 2048, 2049, 7911):
+            x = torch.zeros(num_tokens, k, dtype=torch.bfloat16)
+            y = torch.zeros(num_tokens, sum(sizes), dtype=torch.bfloat16)
+            slots = torch.zeros(num_tokens, dtype=torch.int32)
+            args = (layer.lora_a, layer.lora_bt, slots, layer.slot_onehot, "triton")
+            lora_apply_dense(x, y, *args)
+    assert set(seen) <= warmed, set(seen) - warmed

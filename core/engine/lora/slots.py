@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from engine_sdk.layers.linear import Linear
 from engine_sdk.layers.lora import LoRAContext, LoRALayer, lora_target_layers
+from engine_sdk.layers.lora_dense import warm_up_dense
 
 from engine.lora.adapter import LoRAAdapter, LoRAAdapterError, load_adapter
 from engine.lora.config import LoRAConfig
@@ -97,6 +98,8 @@ class LoRASlotManager:
                 device,
             )
             self.layers.append(layer)
+        if torch.device(device).type == "cuda":  # the dense path's kernels now, not later
+            warm_up_dense(dtype, device)
         self._host: OrderedDict[int, LoRAAdapter] = OrderedDict()  # lora_int_id, LRU first
         self._slots: list[int | None] = [None] * config.max_loras  # slot -> lora_int_id
         self._slot_use: list[int] = [0] * config.max_loras  # last step that used each slot

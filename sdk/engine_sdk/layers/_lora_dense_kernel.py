@@ -17,11 +17,14 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["T"])
+# Neither the token count nor a projection's rows per slot are specialized on: the only
+# variants are the tiles of ``lora_dense.dense_tiles`` (three, compiled at startup by
+# ``lora_dense.warm_up_dense``), so no step compiles a kernel while requests wait.
+@triton.jit(do_not_specialize=["T", "ROWS_PER_SLOT"])
 def lora_dense_expand_kernel(
     h_ptr, bt_ptr, y_ptr, slots_ptr,
-    T, N, KE, stride_h, stride_bt, stride_y,
-    ROWS_PER_SLOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    T, N, KE, stride_h, stride_bt, stride_y, ROWS_PER_SLOT,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)

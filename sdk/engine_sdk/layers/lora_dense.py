@@ -144,23 +144,49 @@ def lora_apply_dense(
     y.addmm_(h, bt)
 
 
+DENSE_BLOCK_K = 64  # the expand's K step: fixed (one variant per tile shape), as measured
+
+
+def dense_tiles(num_tokens: int) -> tuple[int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps)`` of the Triton expand for a step of ``num_tokens``:
+    more programs for decode batches, larger tiles for prefill chunks. Three shapes, each
+    one compiled kernel (:func:`warm_up_dense` compiles them at startup)."""
+    if num_tokens <= 256:
+        return 32, 64, 4
+    if num_tokens <= 2048:
+        return 64, 64, 4
+    return 128, 128, 8
+
+
+def warm_up_dense(dtype: torch.dtype, device: torch.device | str) -> int:
+    """Compile the Triton expand's variants for ``dtype`` now (one launch of each tile
+    shape on a few scratch rows): the first prefill chunk with an adapter, often a
+    request's first step, then waits for no compile. Returns the launches made (0
+    without Triton)."""
+    if EXPAND != "triton" or _kernel() is None:
+        return 0
+    counts = (16, 257, 2049)  # one step size for each of dense_tiles' shapes
+    for num_tokens in counts:
+        h = torch.zeros(num_tokens, 64, dtype=dtype, device=device)
+        bt = torch.zeros(64, 64, dtype=dtype, device=device)
+        y = torch.zeros(num_tokens, 64, dtype=dtype, device=device)
+        slots = torch.full((num_tokens,), -1, dtype=torch.int32, device=device)
+        _expand_triton(y, h, bt, slots, 16)
+    return len(counts)
+
+
 def _expand_triton(
     y: torch.Tensor, h: torch.Tensor, bt: torch.Tensor, slots: torch.Tensor, rows_per_slot: int
 ) -> None:
-    """One launch of ``_lora_dense_kernel``: tiles by token count (more programs for the
-    decode batches, larger tiles for prefill chunks)."""
+    """One launch of ``_lora_dense_kernel`` with :func:`dense_tiles`' tile."""
     kernel = _kernel()
     assert kernel is not None, "the dense expand needs Triton"
     num_tokens, num_out = y.shape
-    ke = h.shape[1]
     assert h.stride(1) == bt.stride(1) == 1
-    block_m = 32 if num_tokens <= 256 else 64 if num_tokens <= 2048 else 128
-    block_n = 64 if num_tokens <= 2048 else 128
-    block_k = max(16, min(64, 1 << (ke - 1).bit_length()))
+    block_m, block_n, num_warps = dense_tiles(num_tokens)
     grid = (-(-num_tokens // block_m), -(-num_out // block_n))
     kernel[grid](  # type: ignore[index]
-        h, bt, y, slots, num_tokens, num_out, ke, h.stride(0), bt.stride(0), y.stride(0),
-        ROWS_PER_SLOT=rows_per_slot, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        DOT_PRECISION="ieee" if h.dtype == torch.float32 else "tf32",
-        num_warps=8 if block_m * block_n >= 128 * 128 else 4,
+        h, bt, y, slots, num_tokens, num_out, h.shape[1], h.stride(0), bt.stride(0),
+        y.stride(0), rows_per_slot, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=DENSE_BLOCK_K,
+        DOT_PRECISION="ieee" if h.dtype == torch.float32 else "tf32", num_warps=num_warps,
     )  # fmt: skip
