@@ -63,8 +63,9 @@ EXPAND = os.environ.get("ENGINE_LORA_DENSE_EXPAND", "triton")
 
 
 def use_dense(x: torch.Tensor) -> bool:
-    """Whether ``x`` [T, K] takes the dense path: enough tokens on a CUDA device, fewer in
-    a graph (no host cost per torch call at replay) than outside one."""
+    """Whether ``x`` [T, K] takes the dense path: enough tokens on a CUDA device,
+    ``DENSE_MIN_TOKENS`` while a graph is captured and ``DENSE_MIN_TOKENS_EAGER`` outside
+    one (both 16 since round 13; they differed while the path took more launches)."""
     if not x.is_cuda:
         return DENSE_ON_CPU and x.shape[0] >= DENSE_MIN_TOKENS
     capturing = torch.cuda.is_current_stream_capturing()
