@@ -127,7 +127,6 @@ def test_apply_takes_the_dense_path_from_the_threshold(monkeypatch: pytest.Monke
     monkeypatch.setattr(lora, "lora_apply_dense", counted)
     monkeypatch.setattr(lora_dense, "DENSE_ON_CPU", True)
     monkeypatch.setattr(lora_dense, "DENSE_MIN_TOKENS", 10)
-    monkeypatch.setattr(lora_dense, "DENSE_MIN_TOKENS_EAGER", 10)  # (on a GPU: eager)
     slots = (torch.arange(12, dtype=torch.int32) % 4 - 1).to(DEVICE)
     layer.context.token_slots[:12] = slots
     layer.context.active = True
@@ -139,21 +138,19 @@ def test_apply_takes_the_dense_path_from_the_threshold(monkeypatch: pytest.Monke
     assert calls == [12]
 
 
-def test_cuda_thresholds_in_and_out_of_a_graph(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On CUDA: from ``DENSE_MIN_TOKENS`` while a graph is captured, from
-    ``DENSE_MIN_TOKENS_EAGER`` otherwise (a stand-in tensor: only ``is_cuda`` and
-    ``shape`` are read)."""
+def test_cuda_threshold_is_the_same_in_and_out_of_a_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA: from ``DENSE_MIN_TOKENS`` whether or not a graph is being captured (a
+    stand-in tensor: only ``is_cuda`` and ``shape`` are read)."""
     from types import SimpleNamespace
 
     capturing = [False]
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     monkeypatch.setattr(lora_dense, "DENSE_MIN_TOKENS", 128)
-    monkeypatch.setattr(lora_dense, "DENSE_MIN_TOKENS_EAGER", 512)
 
     def dense(num_tokens: int) -> bool:
         return lora_dense.use_dense(SimpleNamespace(is_cuda=True, shape=(num_tokens, 64)))
 
-    assert [dense(n) for n in (127, 128, 511, 512)] == [False, False, False, True]
+    assert [dense(n) for n in (127, 128, 511, 512)] == [False, True, True, True]
     capturing[0] = True
     assert [dense(n) for n in (127, 128, 511, 512)] == [False, True, True, True]
     cpu = torch.zeros(600, 4)

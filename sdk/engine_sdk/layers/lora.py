@@ -41,13 +41,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine_sdk.layers.lora_dense import (
-    block_bt,
-    fill_block_bt,
-    lora_apply_dense,
-    slot_onehot,
-    use_dense,
-)
+from engine_sdk.layers import lora_dense
+from engine_sdk.layers.lora_dense import lora_apply_dense, use_dense
 from engine_sdk.layers.lora_targets import lora_target_layers
 
 if TYPE_CHECKING:
@@ -122,8 +117,8 @@ class LoRALayer:
         self.lora_b = torch.zeros(num_slots, output_size, max_rank, dtype=dtype, device=device)
         # B per slot transposed and block-diagonal over the slices, for many-token steps
         # (``lora_dense.block_bt``; kept in step with B), and the slots' one-hot rows
-        self.lora_bt = block_bt(self.lora_b, self.slice_sizes)
-        self.slot_onehot = slot_onehot(num_slots, dtype, device)
+        self.lora_bt = lora_dense.block_bt(self.lora_b, self.slice_sizes)
+        self.slot_onehot = lora_dense.slot_onehot(num_slots, dtype, device)
         self.slices = LoRASlices(self.slice_sizes, device)
         # The counters of the shrink inside the GEMV's launch (epilogue_in_gemv): zero
         # between launches, one pair per layer for the model's lifetime.
@@ -153,7 +148,7 @@ class LoRALayer:
                 self.lora_a[slot, rows].copy_(a)
                 self.lora_b[slot, offset : offset + size, :rank].copy_(b)
             offset += size
-        fill_block_bt(self.lora_bt[slot], self.lora_b[slot], self.slice_sizes)
+        lora_dense.fill_block_bt(self.lora_bt[slot], self.lora_b[slot], self.slice_sizes)
 
     def clear_slot(self, slot: int) -> None:
         self.lora_a[slot].zero_()

@@ -38,9 +38,10 @@ q/k/v over 4 adapters, eager): the Triton expand took the mixed W1 from 76% of b
 86% (decode steps at batch 256: 9.27 ms against 10.31 with the torch expand, base 8.24;
 prefill steps of 7,911 tokens 30.3 against 34.5, base 22.4), and it is faster than the
 blocked Triton kernels from 16 tokens (13.0 us against 26.7; 256 tokens 14.7 against
-33-87 in two calls; 4,096 tokens 49.5 against 240), so steps take it from ``DENSE_MIN_TOKENS`` (16)
-tokens, in CUDA graphs and outside them (``DENSE_MIN_TOKENS_EAGER``, the same);
-``ENGINE_LORA_DENSE_MIN_TOKENS`` sets both. On the CPU only where a test sets
+33-87 in two calls; 4,096 tokens 49.5 against 240), so steps take it from
+``DENSE_MIN_TOKENS`` (16, ``ENGINE_LORA_DENSE_MIN_TOKENS``) tokens, in CUDA graphs and
+outside them alike (round 12's form, with more torch calls, started later outside a
+graph, where each call costs host time). On the CPU only where a test sets
 ``DENSE_ON_CPU``.
 """
 
@@ -52,9 +53,7 @@ from collections.abc import Sequence
 
 import torch
 
-_OVERRIDE = os.environ.get("ENGINE_LORA_DENSE_MIN_TOKENS")  # both thresholds, if set
-DENSE_MIN_TOKENS = int(_OVERRIDE or 16)  # in a CUDA graph being captured (decode batches)
-DENSE_MIN_TOKENS_EAGER = int(_OVERRIDE or 16)  # outside one (prefill chunks, mixed steps)
+DENSE_MIN_TOKENS = int(os.environ.get("ENGINE_LORA_DENSE_MIN_TOKENS", "16"))
 DENSE_ON_CPU = False
 # The expand: "triton" (one launch that masks as it loads, ``_lora_dense_kernel``; CUDA
 # only unless a caller asks) or "torch" (the one-hot lookup, its product into ``h`` and
@@ -63,13 +62,9 @@ EXPAND = os.environ.get("ENGINE_LORA_DENSE_EXPAND", "triton")
 
 
 def use_dense(x: torch.Tensor) -> bool:
-    """Whether ``x`` [T, K] takes the dense path: enough tokens on a CUDA device,
-    ``DENSE_MIN_TOKENS`` while a graph is captured and ``DENSE_MIN_TOKENS_EAGER`` outside
-    one (both 16 since round 13; they differed while the path took more launches)."""
-    if not x.is_cuda:
-        return DENSE_ON_CPU and x.shape[0] >= DENSE_MIN_TOKENS
-    capturing = torch.cuda.is_current_stream_capturing()
-    return x.shape[0] >= (DENSE_MIN_TOKENS if capturing else DENSE_MIN_TOKENS_EAGER)
+    """Whether ``x`` [T, K] takes the dense path: ``DENSE_MIN_TOKENS`` tokens or more, on
+    a CUDA device (on the CPU where a test sets ``DENSE_ON_CPU``)."""
+    return x.shape[0] >= DENSE_MIN_TOKENS and (x.is_cuda or DENSE_ON_CPU)
 
 
 def slot_onehot(num_slots: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
