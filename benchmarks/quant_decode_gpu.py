@@ -8,8 +8,10 @@ Run from the repository root with Engine importable (installed or on ``PYTHONPAT
 
 ``--model`` is a Qwen3-0.6B-shaped folder (config and tokenizer; weights are dummy); the
 Llama-3.1-8B shape reuses its tokenizer. Online FP8 comes from ``--quantization fp8``, AWQ
-from a copy of the folder whose config declares AutoAWQ 4-bit (group 128). ``gemv`` rows
-set ``ENGINE_QUANT_GEMV=1``, ``old`` rows ``ENGINE_QUANT_GEMV=0``. The table gives ms per
+from a copy of the folder whose config declares AutoAWQ 4-bit (group 128). ``fp8_rows``:
+the SDK's row GEMV with the fp8 weight at one row (the default; ``fp8_rows4`` four weight
+rows a program), ``fp8_gemv``: the plugin's split-K GEMV (``ENGINE_FP8_ROW_GEMV=0``),
+``old`` rows ``ENGINE_QUANT_GEMV=0``. The table gives ms per
 output token and the ratio to bf16 of the same shape (< 1: faster than bf16).
 """
 
@@ -25,14 +27,32 @@ from typing import Any
 from side_by_side import W2, engine, llama_dir
 from suite_extra import awq_variant
 
-# label -> (model kind, extra flags, ENGINE_QUANT_GEMV value or None)
-VARIANTS: list[tuple[str, str, list[str], str | None]] = [
-    ("bf16", "base", [], None),
-    ("fp8_gemv", "base", ["--quantization", "fp8"], "1"),
-    ("fp8_old", "base", ["--quantization", "fp8"], "0"),
-    ("awq_gemv", "awq", [], "1"),
-    ("awq_old", "awq", [], "0"),
+# label -> (model kind, extra flags, environment: a value None removes the variable)
+VARIANTS: list[tuple[str, str, list[str], dict[str, str | None]]] = [
+    ("bf16", "base", [], {"ENGINE_QUANT_GEMV": None}),
+    ("fp8_rows", "base", ["--quantization", "fp8"], {"ENGINE_QUANT_GEMV": "1"}),
+    (
+        "fp8_rows4",
+        "base",
+        ["--quantization", "fp8"],
+        {"ENGINE_QUANT_GEMV": "1", "ENGINE_GEMV_FP8_BLOCK_N": "4"},
+    ),
+    (
+        "fp8_gemv",
+        "base",
+        ["--quantization", "fp8"],
+        {"ENGINE_QUANT_GEMV": "1", "ENGINE_FP8_ROW_GEMV": "0"},
+    ),
+    (
+        "fp8_old",
+        "base",
+        ["--quantization", "fp8"],
+        {"ENGINE_QUANT_GEMV": "0", "ENGINE_FP8_ROW_GEMV": "0"},
+    ),
+    ("awq_gemv", "awq", [], {"ENGINE_QUANT_GEMV": "1"}),
+    ("awq_old", "awq", [], {"ENGINE_QUANT_GEMV": "0"}),
 ]
+_ENV_NAMES = {name for *_, env in VARIANTS for name in env}
 
 
 def main() -> None:
@@ -51,17 +71,16 @@ def main() -> None:
     for shape in args.shapes.split(","):
         base = args.model if shape == "qwen06b" else llama_dir(work, args.model)
         models = {"base": base, "awq": awq_variant(base)}
-        for label, kind, flags, gemv in VARIANTS:
+        for label, kind, flags, env in VARIANTS:
             if wanted and label not in wanted:
                 continue
-            if gemv is None:
-                os.environ.pop("ENGINE_QUANT_GEMV", None)
-            else:
-                os.environ["ENGINE_QUANT_GEMV"] = gemv
+            for var in _ENV_NAMES:
+                os.environ.pop(var, None)
+            os.environ.update({k: v for k, v in env.items() if v is not None})
             bench_args = [*flags, *W2, "--num-iters", args.iters, "--num-iters-warmup", "1"]
             name = f"{shape}_{label}"
             record = engine(work, name, "latency", models[kind], bench_args, False)
-            table[name] = {"env_ENGINE_QUANT_GEMV": gemv, **(record or {"failed": True})}
+            table[name] = {"env": env, **(record or {"failed": True})}
             args.out.write_text(json.dumps(table, indent=1))
     print(f"\n{'run':22s} {'ms/token':>9s} {'vs bf16':>8s}")
     for shape in args.shapes.split(","):

@@ -236,3 +236,71 @@ def test_lm_head_takes_the_gemv_for_float32_logits(monkeypatch, rows):
     assert torch.equal(got, got.to(torch.bfloat16).float())  # rounded to bf16 first
     # float32 sums in another order: at most one bf16 ulp apart
     assert bool(((got - want).abs() <= want.abs() * torch.finfo(torch.bfloat16).eps + 1e-6).all())
+
+
+def _fp8_weight(n: int, k: int, gen: torch.Generator, per_row: bool):
+    """An e4m3 weight and its float32 scale (one, or [N, 1]) and the dequantized float32
+    weight they stand for."""
+    w = torch.randn(n, k, generator=gen) * (1 + torch.arange(n)[:, None] % 5)
+    amax = w.abs().amax(1, keepdim=True) if per_row else w.abs().amax().reshape(1)
+    scale = (amax / 448.0).float()
+    q = (w / scale).to(torch.float8_e4m3fn)
+    return q.to(DEVICE), scale.to(DEVICE), q.float() * scale
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("rows,n,k,bias", [(1, 33, 70, False), (3, 24, 1030, True)])
+def test_gemv_with_a_float8_weight_applies_its_scale(rows, n, k, bias, per_row):
+    """An e4m3 weight with a tensor or per-row scale: the float32 sum of x times the
+    codes, times the scale, plus the bias, rounded once to x's dtype. A kernel that skips
+    or misplaces the scale (row n taking row 0's) is off by the scales' spread (1-5x)."""
+    gen = torch.Generator().manual_seed(rows + n + k + per_row)
+    q, scale, deq = _fp8_weight(n, k, gen, per_row)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    b = torch.randn(n, generator=gen).to(torch.bfloat16).to(DEVICE) if bias else None
+    assert gemv.weight_scale_mode(q, scale) == (2 if per_row else 1)
+    assert gemv.use_gemv(x, q, scale) and not gemv.use_gemv(x, q)  # no scale: not fp8's
+    ref = x.float().cpu() @ deq.T + (b.float().cpu() if b is not None else 0)
+    got = gemv.gemv(x, q, b, scale=scale)
+    assert got.shape == (rows, n) and got.dtype == torch.bfloat16
+    err = (got.float().cpu() - ref).abs()
+    assert bool((err <= _ulp_tol(ref, torch.bfloat16)).all()), err.max()
+
+
+def test_weight_scale_mode_declines_block_scales_and_other_formats():
+    q = torch.zeros(8, 32, dtype=torch.float8_e4m3fn)
+    assert gemv.weight_scale_mode(q, torch.ones(2, 1)) is None  # tiles, not rows
+    assert gemv.weight_scale_mode(q, torch.ones(8, 1, dtype=torch.float16)) is None
+    assert gemv.weight_scale_mode(q.to(torch.float8_e5m2), torch.ones(1)) is None
+    assert gemv.weight_scale_mode(q, None) is None  # fp8 codes need their scale
+    assert gemv.weight_scale_mode(torch.zeros(8, 32, dtype=torch.bfloat16), None) == 0
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_gemv_add_rms_norm_with_a_float8_weight(gated):
+    """The add+RMSNorm launch (and its gated SiLU form) over an e4m3 weight with per-row
+    scales equals the float32 reference of norm, dequantized projection (gate and up
+    rounded to the dtype), SiLU-and-mul; the new residual is exact."""
+    rows, inter, k = 2, 20, 300
+    n = 2 * inter
+    gen = torch.Generator().manual_seed(5 + gated)
+    q, scale, deq = _fp8_weight(n, k, gen, per_row=True)
+    x = (torch.randn(rows, k, generator=gen) * 2).to(torch.bfloat16).to(DEVICE)
+    residual = torch.randn(rows, k, generator=gen).to(torch.bfloat16).to(DEVICE)
+    norm_w = (1 + 0.1 * torch.randn(k, generator=gen)).to(torch.bfloat16).to(DEVICE)
+    from engine_sdk.layers import fused_ops
+
+    normed, want_res = fused_ops.add_rms_norm(x, residual, norm_w, 1e-6)  # same roundings
+    h = normed.float().cpu()
+    proj = h @ deq.T
+    got, got_res = gemv.gemv_add_rms_norm(x, residual, norm_w, 1e-6, q, gated=gated, scale=scale)
+    assert torch.equal(got_res, want_res)
+    if gated:
+        g, u = proj.bfloat16().float().chunk(2, dim=-1)
+        want = g * torch.sigmoid(g) * u
+        tol = 4 * torch.finfo(torch.bfloat16).eps * (want.abs() + g.abs() * u.abs()) + 1e-2
+    else:
+        want = proj
+        tol = 4 * torch.finfo(torch.bfloat16).eps * (h.abs() @ deq.abs().T) + 1e-3
+    assert got.shape == want.shape
+    assert bool(((got.float().cpu() - want).abs() <= tol).all())

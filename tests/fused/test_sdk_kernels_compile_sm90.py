@@ -156,6 +156,20 @@ def test_gated_gemv_add_rms_norm_kernel(block_n: int, block_k: int, warps: int) 
     assert "ex2" in report["ptx"]  # the SiLU's exponential is in the launch
 
 
+@pytest.mark.parametrize("scale", [1, 2])
+def test_gemv_kernels_with_a_float8_weight(scale: int) -> None:
+    """The row GEMVs over an e4m3 weight (``engine_fp8``'s tensor and channel layouts at
+    one row): plain, add+RMSNorm and gated, the scale a float32 pointer; the codes are
+    widened from e4m3 in registers (``cvt`` from ``e4m3x2``)."""
+    types = {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
+    base = {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_K": 1024, "LORA": False, "SCALE": scale}
+    report = _compile(_GEMV, "gemv_kernel", {**base, "BLOCK_N": 2}, types=types)
+    assert "e4m3" in report["ptx"]
+    _compile(_GEMV, "gemv_add_rms_norm_kernel", {**base, "BLOCK_N": 2}, types=types)
+    gated = {**base, "BLOCK_N": 1, "GATED": True}
+    _compile(_GEMV, "gemv_add_rms_norm_kernel", gated, types=types)
+
+
 # -- LoRA: the per-token shrink and expand, the blocked shrink --------------------------------
 
 _LORA_TYPES = {"parts_ptr": "*fp32", "h_ptr": "*fp32", "slots_ptr": "*i32", "starts_ptr": "*i32"}

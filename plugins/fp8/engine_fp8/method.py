@@ -16,6 +16,13 @@ Matmul paths (:func:`select_path`), on a CUDA GPU with FP8 matrix units (compute
 capability >= 8.9) and Triton, for fp16/bf16 activations, checked in this order (each
 threshold one constant, to retune from ``benchmarks/quant_gemv_gpu.py``):
 
+- ``rows``: one token (and 2-4 on small weights, as the SDK's ``gemv.prefer_gemv``),
+  tensor and channel layouts: the SDK's row GEMV (:mod:`engine_sdk.layers.gemv`, the
+  launch bf16 weights take) reading the fp8 weight with its scale, with the add+RMSNorm
+  (:meth:`Fp8LinearMethod.apply_add_rms_norm`) and the gated SiLU
+  (:meth:`Fp8LinearMethod.apply_add_rms_norm_silu`) in the same launch, so a decode step
+  has as many launches as bf16's; ``ENGINE_FP8_ROW_GEMV=0`` leaves these calls to
+  ``gemv``. Its decision is :meth:`Fp8LinearMethod.row_gemv_scale`;
 - ``gemv``: up to ``GEMV_MAX_TOKENS`` tokens (decode), every layout: the weight-only
   split-K GEMV in one launch (:mod:`engine_fp8.gemv`; CUDA cores up to
   ``GEMV_FMA_MAX_TOKENS`` tokens, tensor cores above) reads the fp8 weight once, upcasts it
@@ -48,11 +55,13 @@ larger scale would change every other layer's rounding).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
 from engine_sdk.interfaces.quantization import QuantizationMethod
+from engine_sdk.layers import gemv as row_gemv
 from engine_sdk.layers.linear import share_merged
 from engine_sdk.runtime import quant_gemv_enabled, triton_available
 
@@ -82,6 +91,7 @@ W8A16_DENSE_MAX_TOKENS = 256  # ... and up to here when the alternative dequanti
 W8A16_FMA_MAX_TOKENS = 4  # CUDA cores up to here, tensor cores above (first guess)
 _MIN_GEMV_BLOCK_N = 16  # the narrowest GEMV tile: one split-K counter per 16 columns
 _W8A16_DTYPES = (torch.float16, torch.bfloat16)
+ROW_GEMV = os.environ.get("ENGINE_FP8_ROW_GEMV", "1") != "0"  # the ``rows`` path (docstring)
 
 
 def select_path(layer: torch.nn.Module, num_tokens: int, dtype: torch.dtype) -> str:
@@ -264,6 +274,28 @@ class Fp8LinearMethod(QuantizationMethod):
 
     # -- matmul -----------------------------------------------------------------------
 
+    def row_gemv_scale(
+        self, layer: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """The layer's scale as the SDK's row GEMV takes it (float32, one or ``[N, 1]``) when
+        that kernel runs this call (the ``rows`` path: ``ENGINE_FP8_ROW_GEMV`` on, an fp8
+        weight with a tensor or channel scale, a GPU where the ``gemv`` path runs or
+        ``ENGINE_GEMV=force``, and ``gemv.use_gemv`` / ``use_gemv_add_rms_norm`` (with
+        ``residual``) for the shapes); else None."""
+        if not ROW_GEMV or self._block() is not None:
+            return None
+        weight = getattr(layer, "weight", None)
+        scale = getattr(layer, "weight_scale", None)
+        if not isinstance(weight, torch.Tensor) or not isinstance(scale, torch.Tensor):
+            return None
+        if x.dim() != 2 or row_gemv.weight_scale_mode(weight, scale) not in (1, 2):
+            return None
+        if x.is_cuda and not getattr(layer, "fp8_w8a16", False):
+            return None  # below compute capability 8.9 or without Triton
+        if residual is None:
+            return scale if row_gemv.use_gemv(x, weight, scale) else None
+        return scale if row_gemv.use_gemv_add_rms_norm(x, residual, weight, scale) else None
+
     def apply_add_rms_norm(
         self,
         layer: torch.nn.Module,
@@ -280,6 +312,11 @@ class Fp8LinearMethod(QuantizationMethod):
 
         from engine_fp8.gemv import fp8_gemv_add_rms_norm
 
+        scale = self.row_gemv_scale(layer, x, residual)
+        if scale is not None:  # the SDK's row GEMV with the fp8 weight
+            return row_gemv.gemv_add_rms_norm(
+                x, residual, norm_weight, eps, layer.weight, bias, scale=scale
+            )
         if not fuses_add_rms_norm(x, residual, norm_weight):  # [M, K] with M <= NORM_MAX_ROWS
             return None
         if select_path(layer, x.shape[0], x.dtype) != "gemv":
@@ -289,10 +326,32 @@ class Fp8LinearMethod(QuantizationMethod):
             self._block(), bias, None, getattr(layer, "gemv_locks", None),
         )  # fmt: skip
 
+    def apply_add_rms_norm_silu(
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The SDK's gated row GEMV (norm, merged gate/up and SiLU-and-mul in one launch)
+        with the fp8 weight, where :func:`row_gemv_scale` allows it; else None."""
+        scale = self.row_gemv_scale(layer, x, residual)
+        if scale is None or layer.weight.shape[0] % 2:
+            return None
+        return row_gemv.gemv_add_rms_norm(
+            x, residual, norm_weight, eps, layer.weight, bias, gated=True, scale=scale
+        )
+
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
+        scale = self.row_gemv_scale(layer, x2)
+        if scale is not None:
+            out = row_gemv.gemv(x2, layer.weight, bias, scale=scale)
+            return out.reshape(*x.shape[:-1], out.shape[-1])
         path = select_path(layer, x2.shape[0], x.dtype)
         if path == "gemv":
             from engine_fp8.gemv import fp8_gemv

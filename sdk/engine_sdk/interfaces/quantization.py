@@ -61,6 +61,28 @@ class QuantizationMethod(ABC):
         """
         return None
 
+    def apply_add_rms_norm_silu(
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Optional decode fusion for a merged ``[gate | up]`` layer (``2 * I`` output
+        rows, gate first): ``(silu(gate) * up, x + residual)`` with ``gate | up =
+        apply(rms_norm(x + residual) * norm_weight)``, in one kernel.
+
+        The SDK decoder offers it before a SiLU-gated MLP whose merged gate/up layer runs
+        nothing but this method in the step, ahead of :meth:`apply_add_rms_norm`. Return
+        ``None`` for a call the method does not fuse (the default); the decoder then tries
+        :meth:`apply_add_rms_norm` and its own SiLU-and-mul kernel. Roundings as there,
+        plus gate and up each rounded to the dtype before ``silu(gate) * up`` in float32,
+        rounded once.
+        """
+        return None
+
     def merge(
         self, layers: Sequence[torch.nn.Module], merged: torch.nn.Module
     ) -> QuantizationMethod | None:

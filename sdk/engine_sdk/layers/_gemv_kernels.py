@@ -14,6 +14,7 @@ def gemv_kernel(
     x_ptr,
     w_ptr,
     b_ptr,
+    s_ptr,
     out_ptr,
     M,
     N,
@@ -34,10 +35,13 @@ def gemv_kernel(
     BLOCK_P: tl.constexpr = 1,
     SHRINK: tl.constexpr = False,
     SHRINK_K: tl.constexpr = 256,
+    SCALE: tl.constexpr = 0,
 ):  # fmt: skip
     """``out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n])`` for ``BLOCK_N`` weight rows per
     program: each weight tile is loaded once and used by all ``M <= BLOCK_M`` rows of
-    ``x``; float32 accumulation, one rounding at the store. With ``LORA`` the epilogue
+    ``x``; float32 accumulation, one rounding (to ``x``'s dtype) at the store. ``SCALE``
+    (a float8 ``w``): the float32 sum times the tensor's scale ``s[0]`` (1) or each
+    column's ``s[n]`` (2) before the bias. With ``LORA`` the epilogue
     adds each row's adapter delta (``_lora_delta``); with ``SHRINK`` the first
     ``NUM_SHRINK`` programs compute the shrink those epilogues read (``_shrink_program``)."""
     pid = tl.program_id(0)
@@ -64,6 +68,7 @@ def gemv_kernel(
             x = tl.load(x_ptr + m * stride_xm + k0 + offs_k, mask=k_ok & (m < M), other=0.0)
             part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)
             acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    acc = _weight_scale(acc, s_ptr, offs_n, n_ok, SCALE)
     if LORA:
         if SHRINK:  # the parts come from this launch's shrink programs
             _wait_for_shrink(flag_ptr, NUM_SHRINK)
@@ -73,7 +78,7 @@ def gemv_kernel(
             BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P, ".cg" if SHRINK else "",
         )  # fmt: skip
     _store_rows(
-        acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS, w_ptr.dtype.element_ty
+        acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS, x_ptr.dtype.element_ty
     )  # fmt: skip
     if SHRINK:
         _finish_shrink(flag_ptr, tl.cdiv(N, BLOCK_N))
@@ -81,7 +86,7 @@ def gemv_kernel(
 
 @triton.jit
 def gemv_add_rms_norm_kernel(
-    x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ptr,
+    x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, s_ptr, out_ptr, res_ptr,
     M, N, K, eps,
     stride_xm, stride_rm, stride_wn, stride_om, stride_sm,
     lp_ptr, lb_ptr, slots_ptr, starts_ptr,
@@ -90,7 +95,7 @@ def gemv_add_rms_norm_kernel(
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, LORA: tl.constexpr = False, NUM_SLICES: tl.constexpr = 1,
     BLOCK_R: tl.constexpr = 16, BLOCK_P: tl.constexpr = 1, SHRINK: tl.constexpr = False,
-    SHRINK_K: tl.constexpr = 256, GATED: tl.constexpr = False,
+    SHRINK_K: tl.constexpr = 256, GATED: tl.constexpr = False, SCALE: tl.constexpr = 0,
 ):  # fmt: skip
     """``gemv_kernel`` over ``rms_norm(x + r) * nw`` for a whole row in one tile
     (``K <= BLOCK_K``): each program forms the sum and its norm itself (a row is a few KB,
@@ -102,7 +107,9 @@ def gemv_add_rms_norm_kernel(
     ``LoRALayer.deferred_add_rms_norm``). ``GATED`` (no LoRA): ``w`` is a merged
     ``[gate | up]`` of ``2 * N``
     rows; a program reads gate rows ``n`` and up rows ``N + n`` and stores
-    ``silu(gate) * up`` (the roundings of the GEMV then ``silu_mul_merged_kernel``)."""
+    ``silu(gate) * up`` (the roundings of the GEMV then ``silu_mul_merged_kernel``).
+    ``SCALE``: a float8 ``w`` with scales as in ``gemv_kernel`` (gated: ``s[N + n]`` for
+    the up rows)."""
     pid = tl.program_id(0)
     if SHRINK:
         if pid < NUM_SHRINK:
@@ -144,7 +151,9 @@ def gemv_add_rms_norm_kernel(
         if GATED:
             part_u = tl.sum(wu * h[None, :], axis=1)
             acc_u = tl.where(offs_m[:, None] == m, acc_u + part_u[None, :], acc_u)
+    acc = _weight_scale(acc, s_ptr, offs_n, n_ok, SCALE)
     if GATED:
+        acc_u = _weight_scale(acc_u, s_ptr, offs_n + N, n_ok, SCALE)
         _store_gated(acc, acc_u, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, N, stride_om, HAS_BIAS)
         return
     if LORA:
@@ -156,10 +165,21 @@ def gemv_add_rms_norm_kernel(
             BLOCK_M, BLOCK_N, NUM_SLICES, BLOCK_R, BLOCK_P, ".cg" if SHRINK else "",
         )  # fmt: skip
     _store_rows(
-        acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS, w_ptr.dtype.element_ty
+        acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS, x_ptr.dtype.element_ty
     )  # fmt: skip
     if SHRINK and LORA:
         _finish_shrink(flag_ptr, tl.cdiv(N, BLOCK_N))
+
+
+@triton.jit
+def _weight_scale(acc, s_ptr, offs_n, n_ok, SCALE: tl.constexpr):
+    """A float8 weight's float32 sum times its scale: none (0), the tensor's ``s[0]``
+    (1) or each column's ``s[n]`` (2)."""
+    if SCALE == 1:
+        acc = acc * tl.load(s_ptr)
+    elif SCALE == 2:
+        acc = acc * tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    return acc
 
 
 @triton.jit
@@ -306,16 +326,17 @@ def _finish_shrink(flag_ptr, NUM_TILES):
 
 @triton.jit
 def _store_rows(
-    acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS: tl.constexpr, WEIGHT_DTYPE
+    acc, b_ptr, out_ptr, offs_m, offs_n, n_ok, M, stride_om, HAS_BIAS: tl.constexpr, ROUND_DTYPE
 ):  # fmt: skip
-    """Both GEMVs' epilogue: add the bias (float32), round once to the weight's dtype (a
-    float32 output, as the LM head's logits, holds that rounded value: the library GEMM
-    then ``.float()``), store the valid rows."""
+    """Both GEMVs' epilogue: add the bias (float32), round once to ``ROUND_DTYPE``, the
+    activations' (and a bf16/fp16 weight's) dtype (a float32 output, as the LM head's
+    logits, holds that rounded value: the library GEMM then ``.float()``), store the
+    valid rows."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
     tl.store(
         out_ptrs,
-        acc.to(WEIGHT_DTYPE).to(out_ptr.dtype.element_ty),
+        acc.to(ROUND_DTYPE).to(out_ptr.dtype.element_ty),
         mask=(offs_m[:, None] < M) & n_ok[None, :],
     )

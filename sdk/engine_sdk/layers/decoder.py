@@ -25,7 +25,7 @@ from engine_sdk.layers import fused_ops, gemv
 from engine_sdk.layers.activation import GatedMLP
 from engine_sdk.layers.attention import KV_SCALE_SUFFIXES, Attention, load_kv_scale
 from engine_sdk.layers.embedding import LMHead, VocabEmbedding
-from engine_sdk.layers.linear import Linear, is_method_only, is_plain_linear, merge_linears
+from engine_sdk.layers.linear import Linear, is_method_only, merge_linears
 from engine_sdk.layers.lora import expand_in_act
 from engine_sdk.layers.norm import RMSNorm
 from engine_sdk.layers.parallel import (
@@ -345,21 +345,21 @@ def _fused_silu_enabled() -> bool:
 def _norm_gate_up_silu(
     norm: torch.nn.Module, mlp: GatedMLP, x: torch.Tensor, residual: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(silu(gate) * up of norm(x + residual), x + residual)`` as one kernel (the gated
-    ``gemv.gemv_add_rms_norm``), for a plain RMSNorm before an unquantized merged gate/up
-    projection with SiLU and no adapter in the step, where the GEMV runs (decode at one
-    row); None elsewhere, or with ``ENGINE_FUSED_SILU=0`` or ``ENGINE_FUSED_NORM=0``."""
+    """``(silu(gate) * up of norm(x + residual), x + residual)`` as one kernel, the merged
+    gate/up projection's ``QuantizationMethod.apply_add_rms_norm_silu`` (the unquantized
+    and FP8 methods: the gated ``gemv.gemv_add_rms_norm``), for a plain RMSNorm before a
+    SiLU MLP whose gate/up runs only its method in the step (no adapter); None where the
+    method does not fuse the call (it runs at decode, at one row), or with
+    ``ENGINE_FUSED_SILU=0`` or ``ENGINE_FUSED_NORM=0``."""
     proj = mlp.gate_up_proj
     if not (_fused_norm_enabled() and _fused_silu_enabled()):
         return None
-    if type(norm) is not RMSNorm or mlp.hidden_act != "silu" or not is_plain_linear(proj):
+    if type(norm) is not RMSNorm or mlp.hidden_act != "silu" or not is_method_only(proj):
         return None
     assert isinstance(proj, Linear) and isinstance(norm, RMSNorm)
-    weight = proj.weight
-    assert isinstance(weight, torch.Tensor)
-    if weight.shape[0] % 2 or not gemv.use_gemv_add_rms_norm(x, residual, weight):
-        return None
-    return gemv.gemv_add_rms_norm(x, residual, norm.weight, norm.eps, weight, proj.bias, gated=True)
+    return proj.quant_method.apply_add_rms_norm_silu(
+        proj, x, residual, norm.weight, norm.eps, proj.bias
+    )
 
 
 class DecoderModel(torch.nn.Module):

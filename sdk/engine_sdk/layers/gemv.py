@@ -27,6 +27,13 @@ values the program already holds (no recomputation) and the decoder's batch-1 ML
 launches (``decoder._norm_gate_up_silu``; ``ENGINE_FUSED_SILU=0`` off). W2 on an H100
 (2026-12-06, docs/performance.md "Round 10"): 1.03-1.06 ms a token with it, 1.10 without.
 
+Float8 weights (``scale``, ``weight_scale_mode``): the same kernels read an e4m3 weight
+with one float32 scale or one per output row and apply it to the float32 sum, so a
+weight-only FP8 projection at one row is the bf16 launch reading half the bytes, the add +
+RMSNorm and the gated SiLU included (``engine_fp8`` routes its tensor and channel layouts
+here; block scales keep its split-K kernel). ``FP8_BLOCK_N`` (``ENGINE_GEMV_FP8_BLOCK_N``)
+sets the rows per program of the plain and add+RMSNorm launches for float8 weights.
+
 Measured on an H200 (``benchmarks/decode_kernels_gpu.py --sweep``, 2026-12-04, weights
 read from HBM, inside CUDA graphs), microseconds, cuBLAS -> this kernel:
 
@@ -55,6 +62,7 @@ __all__ = [
     "prefer_gemv",
     "use_gemv",
     "use_gemv_add_rms_norm",
+    "weight_scale_mode",
 ]
 
 MAX_ROWS = 4  # rows at or below which the GEMV may replace the library GEMM
@@ -68,6 +76,9 @@ GATED_BLOCK_N = int(os.environ.get("ENGINE_GATED_BLOCK_N", "1"))
 # fewer times (round 11: the epilogue added 1-2 us to each GEMV). Default: the plain
 # kernel's 2, until a sweep (ENGINE_LORA_GEMV_BLOCK_N, a power of two) measures better.
 LORA_BLOCK_N = int(os.environ.get("ENGINE_LORA_GEMV_BLOCK_N", "2"))
+# Weight rows per program for float8 weights (plain and add+RMSNorm GEMVs; the gated one
+# keeps GATED_BLOCK_N): the bf16 kernel's 2 until a sweep measures better.
+FP8_BLOCK_N = int(os.environ.get("ENGINE_GEMV_FP8_BLOCK_N", "2"))
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -88,24 +99,51 @@ def _norm_kernel() -> object:
     return kernel
 
 
-def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``gemv`` runs for this call (see the module docstring)."""
+def use_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None) -> bool:
+    """Whether ``gemv`` runs for this call (see the module docstring); ``scale`` with a
+    float8 ``weight`` (``weight_scale_mode``)."""
     # Shape first: most calls (prefill, large batches) stop here without an environ lookup.
     if x.dim() != 2 or weight.dim() != 2 or x.shape[0] > MAX_ROWS:
         return False
-    return _runs(x, weight)
+    return _runs(x, weight, scale)
 
 
-def use_gemv_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
+def use_gemv_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None = None,
+) -> bool:
     """Whether ``gemv_add_rms_norm`` runs for block output ``x`` and ``residual`` [M, K]."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[0] > MAX_ROWS:
         return False
     if x.shape[1] > NORM_MAX_K or residual.shape != x.shape or residual.stride(1) != 1:
         return False
-    return weight.shape[1] == x.shape[1] and residual.dtype == x.dtype and _runs(x, weight)
+    return weight.shape[1] == x.shape[1] and residual.dtype == x.dtype and _runs(x, weight, scale)
 
 
-def _runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def weight_scale_mode(weight: torch.Tensor, scale: torch.Tensor | None) -> int | None:
+    """The kernels' ``SCALE`` for ``weight`` and its ``scale``: 0 (a bf16/fp16 weight, no
+    scale), 1 (float8 e4m3, one float32 scale), 2 (float8 e4m3, a float32 scale per output
+    row, ``[N]`` or ``[N, 1]``, contiguous); None for anything else (block scales, other
+    float8 formats: the caller's own kernel)."""
+    if scale is None:
+        return 0 if weight.dtype in _DTYPES else None
+    if weight.dtype != torch.float8_e4m3fn or scale.dtype != torch.float32:
+        return None
+    if scale.numel() == 1:
+        return 1
+    if scale.numel() == weight.shape[0] and scale.is_contiguous():
+        return 2
+    return None
+
+
+def _weight_fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None) -> bool:
+    mode = weight_scale_mode(weight, scale)
+    return mode is not None and (mode > 0 or weight.dtype == x.dtype)
+
+
+def _runs(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None) -> bool:
     """The checks after the shape: switch, measured preference, device, dtypes, strides."""
     mode = os.environ.get("ENGINE_GEMV", "1")
     if mode == "0":
@@ -116,7 +154,7 @@ def _runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
         return False
     return (
         x.dtype in _DTYPES
-        and weight.dtype == x.dtype
+        and _weight_fits(x, weight, scale)
         and weight.stride(1) == 1
         and x.stride(1) == 1
         and _kernel() is not None
@@ -220,29 +258,42 @@ def gemv(
     tiles: tuple[int, int, int] | None = None,
     lora: LoRAEpilogue | None = None,
     out_dtype: torch.dtype | None = None,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` for ``x`` [M, K] (M at most ``MAX_ROWS``), ``weight`` [N, K];
     plus each row's adapter delta with ``lora``. ``out_dtype`` (float32 for logits) holds
-    the result rounded to the weight's dtype, without a second launch to widen it."""
+    the result rounded to ``x``'s dtype, without a second launch to widen it. ``scale``:
+    ``weight`` is float8 e4m3 and ``x @ (weight * scale).T`` is computed, the scale (one,
+    or one per output row, float32) applied to the float32 sum (``weight_scale_mode``)."""
     kernel = _kernel()
     assert kernel is not None
     assert lora is None or lora.expand, "a deferred expand needs the add+RMSNorm GEMV"
+    scale_mode = _scale_mode(weight, scale, lora)
     num_rows = x.shape[0]
     n, k = weight.shape
     out = torch.empty(num_rows, n, dtype=out_dtype or x.dtype, device=x.device)
     block_n, block_k, warps = tiles or pick_tiles(n, k)
     if lora is not None and tiles is None:
         block_n = LORA_BLOCK_N
+    elif scale_mode and tiles is None:
+        block_n = FP8_BLOCK_N
     block_m = max(1, 1 << (num_rows - 1).bit_length())
     lora_args, lora_constants = _lora_args(lora, weight)
     extra = 0 if lora is None else lora.extra_programs
     kernel[(-(-n // block_n) + extra,)](  # type: ignore[index]
-        x, weight, bias if bias is not None else weight, out, num_rows, n, k,
-        x.stride(0), weight.stride(0), out.stride(0), *lora_args,
+        x, weight, bias if bias is not None else weight, scale if scale is not None else weight,
+        out, num_rows, n, k, x.stride(0), weight.stride(0), out.stride(0), *lora_args,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, **lora_constants,
+        num_warps=warps, SCALE=scale_mode, **lora_constants,
     )  # fmt: skip
     return out
+
+
+def _scale_mode(weight: torch.Tensor, scale: torch.Tensor | None, lora: object) -> int:
+    mode = weight_scale_mode(weight, scale)
+    assert mode is not None, "a bf16/fp16 weight, or float8 e4m3 with a tensor/row scale"
+    assert mode == 0 or lora is None, "a scaled (float8) weight has no LoRA epilogue"
+    return mode
 
 
 def gemv_add_rms_norm(
@@ -254,6 +305,7 @@ def gemv_add_rms_norm(
     bias: torch.Tensor | None = None,
     lora: LoRAEpilogue | None = None,
     gated: bool = False,
+    scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(x + residual) * norm_weight) @ weight.T + bias`` and ``x + residual``
     (the new residual), for ``x`` and ``residual`` [M, K] with K at most ``NORM_MAX_K``;
@@ -263,8 +315,10 @@ def gemv_add_rms_norm(
     ``gated`` (no ``lora``): ``weight`` is a merged ``[gate | up]`` of ``2 * I`` rows and
     the output is ``silu(gate) * up`` [M, I], as ``silu_and_mul_merged`` of the plain
     output: one launch for the norm, the gate/up projection and the activation. Each
-    program reads ``GATED_BLOCK_N`` gate rows and as many up rows."""
+    program reads ``GATED_BLOCK_N`` gate rows and as many up rows. ``scale``: a float8
+    ``weight``, as in ``gemv`` (gated: the merged weight's ``2 * I`` row scales)."""
     assert not (gated and lora is not None), "the gated GEMV has no LoRA epilogue"
+    scale_mode = _scale_mode(weight, scale, lora)
     num_rows, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
@@ -272,14 +326,16 @@ def gemv_add_rms_norm(
     block_k = max(16, 1 << (k - 1).bit_length())
     block_m = max(1, 1 << (num_rows - 1).bit_length())
     block_n = GATED_BLOCK_N if gated else LORA_BLOCK_N if lora is not None else 2
+    if scale_mode and not gated:
+        block_n = FP8_BLOCK_N
     lora_args, lora_constants = _lora_args(lora, weight)
     extra = 0 if lora is None else lora.extra_programs
     _norm_kernel()[(-(-n // block_n) + extra,)](  # type: ignore[index]
-        x, residual, norm_weight, weight, bias if bias is not None else weight, out, new_residual,
-        num_rows, n, k, eps,
+        x, residual, norm_weight, weight, bias if bias is not None else weight,
+        scale if scale is not None else weight, out, new_residual, num_rows, n, k, eps,
         x.stride(0), residual.stride(0), weight.stride(0), out.stride(0), new_residual.stride(0),
         *lora_args,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=4 if block_k <= 2048 else 8, GATED=gated, **lora_constants,
+        num_warps=4 if block_k <= 2048 else 8, GATED=gated, SCALE=scale_mode, **lora_constants,
     )  # fmt: skip
     return out, new_residual

@@ -69,6 +69,21 @@ class UnquantizedLinearMethod(QuantizationMethod):
             return None
         return gemv.gemv_add_rms_norm(x, residual, norm_weight, eps, weight, bias)
 
+    def apply_add_rms_norm_silu(
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The gated ``gemv.gemv_add_rms_norm`` where it runs, else None."""
+        weight: torch.Tensor = layer.weight  # type: ignore[assignment]
+        if weight.shape[0] % 2 or not gemv.use_gemv_add_rms_norm(x, residual, weight):
+            return None
+        return gemv.gemv_add_rms_norm(x, residual, norm_weight, eps, weight, bias, gated=True)
+
     def merge(
         self, layers: Sequence[torch.nn.Module], merged: torch.nn.Module
     ) -> QuantizationMethod | None:
