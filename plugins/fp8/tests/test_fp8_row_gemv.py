@@ -135,6 +135,7 @@ def test_tiny_fp8_qwen3_decode_row_takes_the_fused_launches(
     the gated one), o and down the plain one; the logits match the plugin's own paths
     (``ENGINE_FP8_ROW_GEMV=0``: the dequantizing reference on a CPU)."""
     from engine_fp8.config import Fp8Config
+    from engine_sdk.layers import decoder
     from engine_sdk.testing import model_parity
     from engine_sdk.testing.dense_attention import DenseAttentionBackend
     from engine_sdk.testing.models import build_tiny_model
@@ -166,6 +167,10 @@ def test_tiny_fp8_qwen3_decode_row_takes_the_fused_launches(
                 model, [42], DenseAttentionBackend, kv
             ).float()  # fmt: skip
 
+    for switch in ("ENGINE_FUSED_NORM", "ENGINE_FUSED_SILU"):  # on, whatever ran before
+        monkeypatch.delenv(switch, raising=False)
+    decoder._fused_norm_enabled.cache_clear()
+    decoder._fused_silu_enabled.cache_clear()
     plain, fused = _count(monkeypatch, "gemv"), _count(monkeypatch, "gemv_add_rms_norm")
     got = logits()
     num_layers = len(model.model.layers)
