@@ -9,6 +9,9 @@
 # tests, then W2 (batch 1, 128 in / 256 out) of bf16, FP8 with the row GEMV (2 and 4 weight
 # rows a program), FP8 with the plugin's split-K GEMV and AWQ on the Qwen3-0.6B shape, the
 # same for bf16 / FP8 on the Llama-3.1-8B shape, then the 0.6B FP8 kernel profile.
+# Mode quant (one call for both formats): the FP8 and AWQ row-GEMV GPU tests, W2 on the
+# 0.6B shape of bf16, FP8 rows / split-K, AWQ rows (2 and 4 columns a program) / split-K,
+# then bf16 / FP8 rows / AWQ rows / AWQ split-K on the 8B shape.
 set -uo pipefail
 MODE="${1:-fp8}"
 source benchmarks/device_install.sh
@@ -24,4 +27,13 @@ if [ "$MODE" = fp8 ]; then
     py 60 benchmarks/profile_kernels_gpu.py --model .gpu/qwen3 --quantization fp8 --tokens 32 \
         --max-num-seqs 4 --out "$OUT/prof_qwen06b_fp8_rows.json" 2>&1 \
         | grep -v "Warning\|warn" | tail -12
+fi
+if [ "$MODE" = quant ]; then
+    py 120 -m pytest -q -p no:cacheprovider tests/fused/test_gemv.py \
+        plugins/fp8/tests/test_fp8_row_gemv.py plugins/awq/tests/test_awq_rows.py 2>&1 | tail -2
+    py 280 benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes qwen06b \
+        --variants bf16,fp8_rows,fp8_gemv,awq_rows,awq_rows4,awq_gemv \
+        --out "$OUT/w2_qwen06b.json" 2>&1 | tail -8
+    py 170 benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b \
+        --variants bf16,fp8_rows,awq_rows,awq_gemv --out "$OUT/w2_llama8b.json" 2>&1 | tail -6
 fi

@@ -11,6 +11,12 @@ and ``qweight`` / ``qzeros`` are dropped; elsewhere the checkpoint layout stays.
 Matmul paths (:func:`select_path`), checked in this order; each threshold is one constant,
 to retune from ``benchmarks/quant_gemv_gpu.py`` / ``quant_kernels_gpu.py``:
 
+- tiled, fp16/bf16 activations, up to ``ROW_GEMV_MAX_TOKENS`` tokens: ``rows``, the row
+  GEMV (:mod:`engine_awq.rows`: whole-K columns per program, the launch shape of the SDK's
+  bf16 GEMV), which also takes the decoder's add+RMSNorm
+  (:meth:`AwqLinearMethod.apply_add_rms_norm`) and, for the merged gate/up, the SiLU
+  (:meth:`AwqLinearMethod.apply_add_rms_norm_silu`), so a one-token step has as many
+  launches as bf16's; ``ENGINE_AWQ_ROW_GEMV`` sets the tokens (0: off);
 - tiled, fp16/bf16 activations, up to ``GEMV_MAX_TOKENS`` tokens (decode): ``gemv``, the
   split-K W4A16 GEMV in one launch (:mod:`engine_awq.gemv`; CUDA cores up to
   ``GEMV_FMA_MAX_TOKENS`` tokens, tensor cores above);
@@ -41,6 +47,7 @@ not a multiple of 4) keeps the checkpoint layout and the reference path, also on
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -53,6 +60,7 @@ from engine_awq.tiled import dequantize_tiled, pick_chunk, repack_tiled
 
 __all__ = [
     "DOT_MAX_TOKENS",
+    "ROW_GEMV_MAX_TOKENS",
     "FMA_MAX_TOKENS",
     "GEMV_FMA_MAX_TOKENS",
     "GEMV_MAX_TOKENS",
@@ -63,6 +71,9 @@ __all__ = [
 # split-K GEMV up to here (at most engine_awq.gemv.MAX_TOKENS); 0 (off) when
 # engine_sdk.runtime.quant_gemv_enabled() says no (ENGINE_QUANT_GEMV=0).
 GEMV_MAX_TOKENS = 16 if quant_gemv_enabled() else 0
+# the row GEMV (engine_awq.rows) up to here, within the gemv path: one token, until a
+# sweep measures more rows (at most engine_awq.rows.ROWS_MAX_TOKENS)
+ROW_GEMV_MAX_TOKENS = min(GEMV_MAX_TOKENS, int(os.environ.get("ENGINE_AWQ_ROW_GEMV", "1")))
 GEMV_FMA_MAX_TOKENS = 1  # ... on CUDA cores up to here, tensor cores above (first guess)
 FMA_MAX_TOKENS = 4  # CUDA-core W4A16 GEMM up to here (below GEMV_MAX_TOKENS: not reached)
 DOT_MAX_TOKENS = 256  # tensor-core W4A16 up to here, then dequantize + dense matmul
@@ -76,13 +87,15 @@ def kernels_usable(device: torch.device) -> bool:
 
 
 def select_path(layer: torch.nn.Module, num_tokens: int, dtype: torch.dtype) -> str:
-    """``gemv`` | ``fma`` | ``dot`` | ``dequant`` | ``reference`` for ``num_tokens`` rows of
-    ``dtype`` (see the module docstring)."""
+    """``rows`` | ``gemv`` | ``fma`` | ``dot`` | ``dequant`` | ``reference`` for
+    ``num_tokens`` rows of ``dtype`` (see the module docstring)."""
     chunk = getattr(layer, "awq_chunk", None)
     if chunk is None:
         return "reference"
     if dtype not in _KERNEL_DTYPES or num_tokens == 0:
         return "dequant"
+    if num_tokens <= ROW_GEMV_MAX_TOKENS:
+        return "rows"
     if num_tokens <= GEMV_MAX_TOKENS:
         return "gemv"
     if num_tokens <= FMA_MAX_TOKENS:
@@ -199,14 +212,16 @@ class AwqLinearMethod(QuantizationMethod):
                 layer.awq_chunk, x.dtype,
             )  # fmt: skip
             out = torch.nn.functional.linear(x2, w, None if bias is None else bias.to(x.dtype))
+        elif path == "rows":
+            from engine_awq.rows import awq_rows
+
+            x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+            out = awq_rows(x2, *_tiled_weights(layer), bias)
         elif path == "gemv":
             from engine_awq.gemv import awq_gemv
 
             x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
-            out = awq_gemv(
-                x2, layer.tiled_qweight, layer.tiled_zeros, layer.scales,
-                layer.awq_group_size, layer.awq_chunk, bias, None, layer.gemv_locks,
-            )  # fmt: skip
+            out = awq_gemv(x2, *_tiled_weights(layer), bias, None, layer.gemv_locks)
         else:
             from engine_awq.w4a16 import awq_w4a16_gemm, default_config
 
@@ -228,21 +243,52 @@ class AwqLinearMethod(QuantizationMethod):
         eps: float,
         bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The decoder's residual add and RMSNorm inside the decode GEMV
-        (:func:`engine_awq.gemv.awq_gemv_add_rms_norm`) where the call takes the ``gemv``
-        path with at most ``NORM_MAX_ROWS`` rows; else None (the decoder's own kernels)."""
+        """The decoder's residual add and RMSNorm inside the decode GEMV where the call
+        takes the ``rows`` path (:func:`engine_awq.rows.awq_rows_add_rms_norm`) or the
+        ``gemv`` path (:func:`engine_awq.gemv.awq_gemv_add_rms_norm`) with at most
+        ``NORM_MAX_ROWS`` rows; else None (the decoder's own kernels)."""
         from engine_sdk.layers.split_k import fuses_add_rms_norm
-
-        from engine_awq.gemv import awq_gemv_add_rms_norm
 
         if not fuses_add_rms_norm(x, residual, norm_weight):  # [M, K] with M <= NORM_MAX_ROWS
             return None
-        if select_path(layer, x.shape[0], x.dtype) != "gemv":
+        path = select_path(layer, x.shape[0], x.dtype)
+        if path == "rows" and x.shape[1] <= _rows_norm_max_k():
+            from engine_awq.rows import awq_rows_add_rms_norm
+
+            weights = _tiled_weights(layer)
+            return awq_rows_add_rms_norm(x, residual, norm_weight, eps, *weights, bias)
+        if path not in ("rows", "gemv"):
             return None
+        from engine_awq.gemv import awq_gemv_add_rms_norm
+
         return awq_gemv_add_rms_norm(
-            x, residual, norm_weight, eps, layer.tiled_qweight, layer.tiled_zeros,
-            layer.scales, layer.awq_group_size, layer.awq_chunk, bias, None, layer.gemv_locks,
-        )  # fmt: skip
+            x, residual, norm_weight, eps, *_tiled_weights(layer), bias, None, layer.gemv_locks
+        )
+
+    def apply_add_rms_norm_silu(
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        norm_weight: torch.Tensor,
+        eps: float,
+        bias: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The norm, the merged gate/up and SiLU-and-mul in one launch
+        (:func:`engine_awq.rows.awq_rows_add_rms_norm` with ``gated``) where the call
+        takes the ``rows`` path; else None."""
+        from engine_sdk.layers.split_k import fuses_add_rms_norm
+
+        if not fuses_add_rms_norm(x, residual, norm_weight):
+            return None
+        if select_path(layer, x.shape[0], x.dtype) != "rows" or x.shape[1] > _rows_norm_max_k():
+            return None
+        if layer.tiled_qweight.shape[0] % 2:
+            return None
+        from engine_awq.rows import awq_rows_add_rms_norm
+
+        weights = _tiled_weights(layer)
+        return awq_rows_add_rms_norm(x, residual, norm_weight, eps, *weights, bias, gated=True)
 
     def merge(
         self, layers: Sequence[torch.nn.Module], merged: torch.nn.Module
@@ -279,6 +325,22 @@ class AwqLinearMethod(QuantizationMethod):
 
 _PACKED_NAMES = ("qweight", "qzeros", "scales")
 _TILED_NAMES = ("tiled_qweight", "tiled_zeros", "scales")
+
+
+def _tiled_weights(
+    layer: torch.nn.Module,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+    """The tiled layout's operands of the GEMV functions, in their order."""
+    return (
+        layer.tiled_qweight, layer.tiled_zeros, layer.scales, layer.awq_group_size,
+        layer.awq_chunk,
+    )  # fmt: skip
+
+
+def _rows_norm_max_k() -> int:
+    from engine_awq.rows import NORM_MAX_K
+
+    return NORM_MAX_K
 
 
 def _add_gemv_locks(layer: torch.nn.Module, num_out: int, device: torch.device) -> None:

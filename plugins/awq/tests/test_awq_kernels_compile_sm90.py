@@ -89,6 +89,43 @@ def test_awq_gemv_kernel(case: str) -> None:
         assert "mma" in report["ptx"]
 
 
+# -- the row GEMV (engine_awq.rows): plain, add+RMSNorm, gated ------------------------------
+
+ROWS_CASES = {
+    # one token, 0.6B q/k/v shape: 2 columns, 8 chunks of 128 a step (BLOCK_K 1024)
+    "plain": {"BLOCK_M": 1, "BLOCK_N": 2, "BLOCK_C": 8},
+    # the add+RMSNorm prologue over a row of K 1024, a bias (Qwen2 q/k/v)
+    "norm-bias": {
+        "BLOCK_M": 1,
+        "BLOCK_N": 2,
+        "BLOCK_C": 8,
+        "NORM": True,
+        "NORM_K": 1024,
+        "HAS_BIAS": True,
+    },
+    # the merged gate/up with the SiLU epilogue (8B hidden 4096: 16 chunks, two steps)
+    "gated": {
+        "BLOCK_M": 1,
+        "BLOCK_N": 2,
+        "BLOCK_C": 8,
+        "NORM": True,
+        "NORM_K": 4096,
+        "GATED": True,
+    },
+    # four rows, 4 columns, group 64 (two groups a chunk), 64-row chunks
+    "rows4-group64-chunk64": {"BLOCK_M": 4, "BLOCK_N": 4, "BLOCK_C": 8, "CHUNK": 64, "GROUP": 64},
+}
+
+
+@pytest.mark.parametrize("case", list(ROWS_CASES))
+def test_awq_rows_kernel(case: str) -> None:
+    constants = {"GROUP": 128, "CHUNK": 128, "HAS_BIAS": False, **ROWS_CASES[case]}
+    types = {**_TILED, "b_ptr": _bias(constants["HAS_BIAS"]), "eps": "fp32"}
+    report = _compile("engine_awq.rows", "awq_rows_kernel", constants, types=types)
+    # no split-K: nothing to meet through a counter
+    assert "atom.global" not in report["ptx"]
+
+
 # -- the W4A16 GEMM and the dequantization (engine_awq.w4a16) ---------------------------------
 
 

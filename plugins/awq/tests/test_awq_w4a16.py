@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from awq_formats import awq_gemm
-from engine_awq import gemv, method, w4a16
+from engine_awq import gemv, method, rows, w4a16
 from engine_awq.config import AwqConfig
 from engine_awq.method import DOT_MAX_TOKENS, FMA_MAX_TOKENS, select_path
 from engine_awq.packing import awq_dequantize, pack_awq
@@ -209,9 +209,17 @@ def test_layer_picks_the_path_by_tokens(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(w4a16, "awq_w4a16_gemm", gemm)
     monkeypatch.setattr(w4a16, "awq_w4a16_dequantize", dequant)
+
+    def rows_spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        ran.append("rows")
+        return real_rows(*args, **kwargs)
+
+    real_rows = rows.awq_rows
     monkeypatch.setattr(gemv, "awq_gemv", gemv_spy)
+    monkeypatch.setattr(rows, "awq_rows", rows_spy)
     monkeypatch.setattr(method, "GEMV_MAX_TOKENS", GEMV_MAX_TOKENS)  # as by default
-    cases = [(1, "gemv"), (GEMV_MAX_TOKENS, "gemv"), (GEMV_MAX_TOKENS + 1, "dot")]
+    monkeypatch.setattr(method, "ROW_GEMV_MAX_TOKENS", 1)
+    cases = [(1, "rows"), (2, "gemv"), (GEMV_MAX_TOKENS, "gemv"), (GEMV_MAX_TOKENS + 1, "dot")]
     cases += [(DOT_MAX_TOKENS + 1, "dequant")]
     for num_tokens, path in cases:
         ran.clear()
