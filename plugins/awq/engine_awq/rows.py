@@ -14,7 +14,9 @@ step has as many launches as a bf16 one::
       zeros, scales [BLOCK_N, BLOCK_C, 8] the group of each (chunk, nibble) slice
 
 (:mod:`engine_awq.tiled` for the layout: a nibble slice never straddles a group.) The
-weight is dequantized once per step in float32, ``(q - z) * s``, and used for every token.
+arithmetic is the split-K GEMV's (:mod:`engine_awq.gemv`): ``q - z`` exact from one fused
+multiply-add on the nibble's bits, ``x (q - z)`` summed over a group slice, the scale
+applied once per slice, float32 throughout.
 
 Variants (one kernel):
 
@@ -32,11 +34,14 @@ Variants (one kernel):
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
 import triton
 import triton.language as tl
+
+from engine_awq.gemv import MAGIC_2_23, _codes
 
 __all__ = [
     "NORM_MAX_K",
@@ -50,102 +55,106 @@ __all__ = [
 ROWS_MAX_TOKENS = 4  # the kernel takes 1 to this many rows (method.py picks when it runs)
 NORM_MAX_K = 8192  # the prologue reads a whole row in one tile
 ROWS_BLOCK_N = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_N", "2"))
-ROWS_BLOCK_K = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_K", "1024"))
+ROWS_BLOCK_K = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_K", "2048"))
 
 
 @triton.jit
-def _dequant(qw_ptr, z_ptr, s_ptr, cols, c_ok, n_ok, offs_c, stride_qw, stride_z, stride_s,
-             GROUP: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
-    """``(q - z) * s`` in float32 [BLOCK_N, BLOCK_C, 8, W] for columns ``cols`` and chunks
-    ``offs_c`` (masked: 0)."""
+def _activations(x_ptr, r_ptr, nw_ptr, x_offs, ok, stride_rm, invs, dt, NORM: tl.constexpr):
+    """The step's activations at ``x_offs`` [BLOCK_M, BLOCK_C, W] (row offsets included)
+    in float32; with ``NORM`` ``rms_norm(x + r) * nw`` from each row's 1 / rms ``invs``,
+    with the add+norm kernel's roundings (the sum, the normalized value and the product
+    each to ``dt``)."""
+    h = tl.load(x_ptr + x_offs, mask=ok, other=0.0).to(tl.float32)
+    if NORM:
+        offs_m = tl.arange(0, invs.shape[0])[:, None, None]
+        k = x_offs - offs_m * stride_rm  # the rows of x, r and res are alike (the launch)
+        r = tl.load(r_ptr + x_offs, mask=ok, other=0.0).to(tl.float32)
+        nw = tl.load(nw_ptr + k, mask=ok, other=0.0).to(tl.float32)
+        s = (h + r).to(dt).to(tl.float32)
+        h = ((s * invs[:, None, None]).to(dt).to(tl.float32) * nw).to(dt).to(tl.float32)
+    return h
+
+
+@triton.jit
+def _step(
+    acc, words, hi, x_ptr, r_ptr, nw_ptr, z_ptr, s_ptr, cols, n_ok, offs_c, c_ok, x_rows,
+    m_ok, stride_rm, stride_z, stride_s, invs, magic, dt,
+    GROUP: tl.constexpr, CHUNK: tl.constexpr, NPG: tl.constexpr, NORM: tl.constexpr,
+):  # fmt: skip
+    """``acc`` [BLOCK_M, BLOCK_N] += the step's products: per group slice (``NPG``
+    nibbles of a chunk that share a group) ``s * sum x (q - z)``, the codes ``q - z``
+    exact from one fused multiply-add (:func:`engine_awq.gemv._codes`)."""
     W: tl.constexpr = CHUNK // 8
-    offs_i = tl.arange(0, 8)
-    offs_j = tl.arange(0, W)
     ok = n_ok[:, None] & c_ok[None, :]  # [BLOCK_N, BLOCK_C]
-    words = tl.load(
-        qw_ptr + cols[:, None, None].to(tl.int64) * stride_qw + offs_c[None, :, None] * W
-        + offs_j[None, None, :],
-        mask=ok[:, :, None], other=0,
-    )  # fmt: skip
-    codes = (words[:, :, None, :] >> (4 * offs_i)[None, None, :, None]) & 0xF
-    group = (offs_c[:, None] * CHUNK + offs_i[None, :] * W) // GROUP  # [BLOCK_C, 8]
-    zs = group[None, :, :] * stride_z + cols[:, None, None]
-    z = tl.load(z_ptr + zs, mask=ok[:, :, None], other=0).to(tl.int32)
-    zs = group[None, :, :] * stride_s + cols[:, None, None]
-    s = tl.load(s_ptr + zs, mask=ok[:, :, None], other=0.0).to(tl.float32)
-    return (codes - z[:, :, :, None]).to(tl.float32) * s[:, :, :, None]
-
-
-@triton.jit
-def _normed(x, r_ptr, nw_ptr, k, ok, m, stride_rm, inv, dt):
-    """``rms_norm(x + r) * nw`` at ``k`` given the row's ``inv`` (1 / rms), with the
-    add+norm kernel's roundings: the sum, the normalized value and the product each to
-    ``dt``."""
-    r = tl.load(r_ptr + m * stride_rm + k, mask=ok, other=0.0).to(tl.float32)
-    nw = tl.load(nw_ptr + k, mask=ok, other=0.0).to(tl.float32)
-    s = (x + r).to(dt).to(tl.float32)
-    return ((s * inv).to(dt).to(tl.float32) * nw).to(dt).to(tl.float32)
+    x_ok = m_ok[:, None, None] & c_ok[None, :, None]
+    chunk_offs = x_rows + offs_c[None, :, None] * CHUNK + tl.arange(0, W)[None, None, :]
+    for gs in tl.static_range(8 // NPG):
+        group = (offs_c * CHUNK + gs * NPG * W) // GROUP  # [BLOCK_C]
+        z = tl.load(z_ptr + group[None, :] * stride_z + cols[:, None], mask=ok, other=0)
+        s = tl.load(s_ptr + group[None, :] * stride_s + cols[:, None], mask=ok, other=0.0)
+        z = z.to(tl.float32)[:, :, None]
+        prod = tl.zeros((x_rows.shape[0], words.shape[0], words.shape[1], W), tl.float32)
+        for i in tl.static_range(gs * NPG, gs * NPG + NPG):
+            h = _activations(x_ptr, r_ptr, nw_ptr, chunk_offs + i * W, x_ok, stride_rm,
+                             invs, dt, NORM)  # fmt: skip
+            prod += h[:, None, :, :] * _codes(words, hi, z, i, magic)[None, :, :, :]
+        acc += tl.sum(tl.sum(prod, axis=3) * s.to(tl.float32)[None, :, :], axis=2)
+    return acc
 
 
 @triton.jit
 def awq_rows_kernel(
     x_ptr, r_ptr, nw_ptr, qw_ptr, z_ptr, s_ptr, b_ptr, out_ptr, res_ptr,
-    M, N, num_chunks, eps,
-    stride_xm, stride_rm, stride_qw, stride_z, stride_s, stride_om, stride_sm,
-    GROUP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr = False,
-    NORM_K: tl.constexpr = 16, GATED: tl.constexpr = False,
+    M, N, num_chunks, eps, stride_xm, stride_qw, stride_z, stride_s, stride_om, magic,
+    GROUP: tl.constexpr, CHUNK: tl.constexpr, NPG: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr = False, NORM_K: tl.constexpr = 16, GATED: tl.constexpr = False,
 ):  # fmt: skip
     """``out[m, n] = sum_k h[m, k] * (q[k, n] - z[g, n]) * s[g, n] (+ b[n])`` for this
-    program's ``BLOCK_N`` columns, ``h = x`` or (``NORM``) the normalized ``x + r``;
-    float32 accumulation, one rounding to ``x``'s dtype at the store (see the module
-    docstring for ``GATED``)."""
+    program's ``BLOCK_N`` columns, ``h = x`` or (``NORM``) the normalized ``x + r`` (``x``,
+    ``r`` and the new residual ``res`` share the row stride ``stride_xm``); float32
+    accumulation, one rounding to ``x``'s dtype at the store (see the module docstring
+    for ``GATED``)."""
     W: tl.constexpr = CHUNK // 8
     dt = x_ptr.dtype.element_ty
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = cols < N
     offs_m = tl.arange(0, BLOCK_M)
-    K = num_chunks * CHUNK
+    m_ok = offs_m < M
     invs = tl.zeros([BLOCK_M], dtype=tl.float32)
     if NORM:  # each row's 1 / rms; program 0 stores the new residual
-        offs = tl.arange(0, NORM_K)
-        for m in tl.static_range(BLOCK_M):
-            row_ok = (offs < K) & (m < M)
-            xv = tl.load(x_ptr + m * stride_xm + offs, mask=row_ok, other=0.0).to(tl.float32)
-            rv = tl.load(r_ptr + m * stride_rm + offs, mask=row_ok, other=0.0).to(tl.float32)
-            sv = (xv + rv).to(dt)
-            tl.store(res_ptr + m * stride_sm + offs, sv, mask=row_ok & (pid == 0))
-            s32 = sv.to(tl.float32)
-            invs = tl.where(offs_m == m, tl.rsqrt(tl.sum(s32 * s32, 0) / K + eps), invs)
+        K = num_chunks * CHUNK
+        offs = offs_m[:, None] * stride_xm + tl.arange(0, NORM_K)[None, :]
+        row_ok = m_ok[:, None] & (tl.arange(0, NORM_K) < K)[None, :]
+        xv = tl.load(x_ptr + offs, mask=row_ok, other=0.0).to(tl.float32)
+        rv = tl.load(r_ptr + offs, mask=row_ok, other=0.0).to(tl.float32)
+        sv = (xv + rv).to(dt)
+        tl.store(res_ptr + offs, sv, mask=row_ok & (pid == 0))
+        s32 = sv.to(tl.float32)
+        invs = tl.rsqrt(tl.sum(s32 * s32, axis=1) / K + eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_tile = (
-        tl.arange(0, BLOCK_C)[:, None, None] * CHUNK
-        + tl.arange(0, 8)[None, :, None] * W
-        + tl.arange(0, W)[None, None, :]
-    )  # [BLOCK_C, 8, W]: the activations of the step's codes
+    x_rows = offs_m[:, None, None] * stride_xm
+    w_rows = cols[:, None, None].to(tl.int64) * stride_qw + tl.arange(0, W)[None, None, :]
+    u_rows = (cols + N)[:, None, None].to(tl.int64) * stride_qw + tl.arange(0, W)[None, None, :]
     for c0 in range(0, num_chunks, BLOCK_C):
         offs_c = c0 + tl.arange(0, BLOCK_C)
         c_ok = offs_c < num_chunks
-        w = _dequant(qw_ptr, z_ptr, s_ptr, cols, c_ok, n_ok, offs_c, stride_qw, stride_z,
-                     stride_s, GROUP, CHUNK)  # fmt: skip
+        w_ok = n_ok[:, None, None] & c_ok[None, :, None]
+        words = tl.load(qw_ptr + w_rows + offs_c[None, :, None] * W, mask=w_ok, other=0)
+        acc = _step(
+            acc, words, words >> 12, x_ptr, r_ptr, nw_ptr, z_ptr, s_ptr, cols, n_ok, offs_c,
+            c_ok, x_rows, m_ok, stride_xm, stride_z, stride_s, invs, magic, dt, GROUP, CHUNK,
+            NPG, NORM,
+        )  # fmt: skip
         if GATED:
-            wu = _dequant(qw_ptr, z_ptr, s_ptr, cols + N, c_ok, n_ok, offs_c, stride_qw,
-                          stride_z, stride_s, GROUP, CHUNK)  # fmt: skip
-        k = c0 * CHUNK + k_tile
-        k_ok = c_ok[:, None, None]
-        for m in tl.static_range(BLOCK_M):
-            ok = k_ok & (m < M)
-            h = tl.load(x_ptr + m * stride_xm + k, mask=ok, other=0.0).to(tl.float32)
-            if NORM:
-                inv = tl.sum(tl.where(offs_m == m, invs, 0.0), 0)
-                h = _normed(h, r_ptr, nw_ptr, k, ok, m, stride_rm, inv, dt)
-            part = tl.sum(tl.sum(tl.sum(w * h[None, :, :, :], axis=3), axis=2), axis=1)
-            acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
-            if GATED:
-                part = tl.sum(tl.sum(tl.sum(wu * h[None, :, :, :], axis=3), axis=2), axis=1)
-                acc_u = tl.where(offs_m[:, None] == m, acc_u + part[None, :], acc_u)
+            words = tl.load(qw_ptr + u_rows + offs_c[None, :, None] * W, mask=w_ok, other=0)
+            acc_u = _step(
+                acc_u, words, words >> 12, x_ptr, r_ptr, nw_ptr, z_ptr, s_ptr, cols + N,
+                n_ok, offs_c, c_ok, x_rows, m_ok, stride_xm, stride_z, stride_s, invs, magic,
+                dt, GROUP, CHUNK, NPG, NORM,
+            )  # fmt: skip
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
@@ -154,7 +163,7 @@ def awq_rows_kernel(
         g = acc.to(dt).to(tl.float32)
         acc = g / (1.0 + tl.exp(-g)) * acc_u.to(dt).to(tl.float32)  # the SDK's silu_mul
     out_ptrs = out_ptr + offs_m[:, None] * stride_om + cols[None, :]
-    tl.store(out_ptrs, acc.to(dt), mask=(offs_m[:, None] < M) & n_ok[None, :])
+    tl.store(out_ptrs, acc.to(dt), mask=m_ok[:, None] & n_ok[None, :])
 
 
 Weights = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]
@@ -226,17 +235,18 @@ def _launch(
     block_c = max(1, min((block_k or ROWS_BLOCK_K) // chunk, chunks))
     out = torch.empty(num_tokens, num_out, dtype=x.dtype, device=x.device)
     norm = residual is not None
+    if norm:  # x, the residual and the new residual share one row stride
+        x, residual = x.contiguous(), residual.contiguous()
     new_residual = torch.empty_like(x) if norm else out
-    r = residual if residual is not None else x
-    nw = norm_weight if norm_weight is not None else x
     awq_rows_kernel[(triton.cdiv(num_out, block_n),)](
-        x, r, nw, tiled_qweight, tiled_zeros, scales, bias if bias is not None else scales,
-        out, new_residual, num_tokens, num_out, num_in // chunk, eps,
-        x.stride(0), r.stride(0), tiled_qweight.stride(0), tiled_zeros.stride(0),
-        scales.stride(0), out.stride(0), new_residual.stride(0),
-        GROUP=group_size, CHUNK=chunk, BLOCK_M=triton.next_power_of_2(num_tokens),
-        BLOCK_N=block_n, BLOCK_C=block_c, HAS_BIAS=bias is not None, NORM=norm,
+        x, residual if norm else x, norm_weight if norm_weight is not None else x,
+        tiled_qweight, tiled_zeros, scales, bias if bias is not None else scales, out,
+        new_residual, num_tokens, num_out, num_in // chunk, eps, x.stride(0),
+        tiled_qweight.stride(0), tiled_zeros.stride(0), scales.stride(0), out.stride(0),
+        MAGIC_2_23,
+        GROUP=group_size, CHUNK=chunk, NPG=math.gcd(8, group_size // (chunk // 8)),
+        BLOCK_M=triton.next_power_of_2(num_tokens), BLOCK_N=block_n, BLOCK_C=block_c,
+        HAS_BIAS=bias is not None, NORM=norm,
         NORM_K=triton.next_power_of_2(num_in) if norm else 16, GATED=gated,
-        num_warps=4 if block_n * block_c * chunk <= 4096 else 8,
     )  # fmt: skip
     return out, new_residual

@@ -92,8 +92,10 @@ def test_awq_gemv_kernel(case: str) -> None:
 # -- the row GEMV (engine_awq.rows): plain, add+RMSNorm, gated ------------------------------
 
 ROWS_CASES = {
-    # one token, 0.6B q/k/v shape: 2 columns, 8 chunks of 128 a step (BLOCK_K 1024)
+    # one token, 0.6B q/k/v shape: 2 columns, 8 chunks of 128 a step (the whole K 1024)
     "plain": {"BLOCK_M": 1, "BLOCK_N": 2, "BLOCK_C": 8},
+    # 8B down: 16 chunks a step (BLOCK_K 2048, the default), K 14336 in 7 steps
+    "plain-8B-down": {"BLOCK_M": 1, "BLOCK_N": 2, "BLOCK_C": 16},
     # the add+RMSNorm prologue over a row of K 1024, a bias (Qwen2 q/k/v)
     "norm-bias": {
         "BLOCK_M": 1,
@@ -120,7 +122,8 @@ ROWS_CASES = {
 @pytest.mark.parametrize("case", list(ROWS_CASES))
 def test_awq_rows_kernel(case: str) -> None:
     constants = {"GROUP": 128, "CHUNK": 128, "HAS_BIAS": False, **ROWS_CASES[case]}
-    types = {**_TILED, "b_ptr": _bias(constants["HAS_BIAS"]), "eps": "fp32"}
+    constants["NPG"] = math.gcd(8, constants["GROUP"] // (constants["CHUNK"] // 8))
+    types = {**_TILED, "b_ptr": _bias(constants["HAS_BIAS"]), "eps": "fp32", "magic": "i32"}
     report = _compile("engine_awq.rows", "awq_rows_kernel", constants, types=types)
     # no split-K: nothing to meet through a counter
     assert "atom.global" not in report["ptx"]
