@@ -24,3 +24,20 @@ def test_split_k_gemv_is_the_default_and_env_zero_turns_it_off(module, env, limi
     out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == limit
+
+
+@pytest.mark.parametrize(
+    "env,limit",
+    [({}, 1), ({"ENGINE_AWQ_ROW_GEMV": "0"}, 0), ({"ENGINE_AWQ_ROW_GEMV": "4"}, 4),
+     ({"ENGINE_AWQ_ROW_GEMV": "9"}, 4), ({"ENGINE_QUANT_GEMV": "0"}, 0)],
+)  # fmt: skip
+def test_awq_row_gemv_takes_one_token_by_default(env: dict, limit: int) -> None:
+    """The AWQ row GEMV (``engine_awq.rows``) takes one-token calls by default;
+    ``ENGINE_AWQ_ROW_GEMV`` sets its tokens (0: the split-K GEMV), and it is off with the
+    quantized GEMVs (``ENGINE_QUANT_GEMV=0``)."""
+    names = ("ENGINE_QUANT_GEMV", "ENGINE_AWQ_ROW_GEMV")
+    environ = {k: v for k, v in os.environ.items() if k not in names} | env
+    code = "import engine_awq.method as m; print(m.ROW_GEMV_MAX_TOKENS)"
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == limit

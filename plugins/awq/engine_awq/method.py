@@ -73,7 +73,10 @@ __all__ = [
 GEMV_MAX_TOKENS = 16 if quant_gemv_enabled() else 0
 # the row GEMV (engine_awq.rows) up to here, within the gemv path: one token, until a
 # sweep measures more rows (at most engine_awq.rows.ROWS_MAX_TOKENS)
-ROW_GEMV_MAX_TOKENS = min(GEMV_MAX_TOKENS, int(os.environ.get("ENGINE_AWQ_ROW_GEMV", "1")))
+_ROWS_LIMIT = 4  # engine_awq.rows.ROWS_MAX_TOKENS (that module imports Triton, this one not)
+ROW_GEMV_MAX_TOKENS = min(
+    GEMV_MAX_TOKENS, _ROWS_LIMIT, int(os.environ.get("ENGINE_AWQ_ROW_GEMV", "1"))
+)
 GEMV_FMA_MAX_TOKENS = 1  # ... on CUDA cores up to here, tensor cores above (first guess)
 FMA_MAX_TOKENS = 4  # CUDA-core W4A16 GEMM up to here (below GEMV_MAX_TOKENS: not reached)
 DOT_MAX_TOKENS = 256  # tensor-core W4A16 up to here, then dequantize + dense matmul
