@@ -12,7 +12,8 @@ from a copy of the folder whose config declares AutoAWQ 4-bit (group 128). ``fp8
 the SDK's row GEMV with the fp8 weight at one row (the default; ``fp8_rows4`` four weight
 rows a program), ``fp8_gemv``: the plugin's split-K GEMV (``ENGINE_FP8_ROW_GEMV=0``),
 ``awq_rows``: the AWQ row GEMV at one token (:mod:`engine_awq.rows`, the default;
-``awq_rows4`` four columns a program, ``awq_rows_k4096`` 4096 activations a step),
+``awq_rows8`` eight columns a program over 1024 activations a step, ``awq_rows_k4096``
+4096 activations a step),
 ``awq_gemv``: its split-K GEMV (``ENGINE_AWQ_ROW_GEMV=0``), ``old`` rows
 ``ENGINE_QUANT_GEMV=0``. The table gives ms per
 output token and the ratio to bf16 of the same shape (< 1: faster than bf16).
@@ -53,7 +54,16 @@ VARIANTS: list[tuple[str, str, list[str], dict[str, str | None]]] = [
         {"ENGINE_QUANT_GEMV": "0", "ENGINE_FP8_ROW_GEMV": "0"},
     ),
     ("awq_rows", "awq", [], {"ENGINE_QUANT_GEMV": "1"}),
-    ("awq_rows4", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_ROWS_BLOCK_N": "4"}),
+    (
+        "awq_rows8",
+        "awq",
+        [],
+        {
+            "ENGINE_QUANT_GEMV": "1",
+            "ENGINE_AWQ_ROWS_BLOCK_N": "8",
+            "ENGINE_AWQ_ROWS_BLOCK_K": "1024",
+        },
+    ),
     ("awq_rows_k4096", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_ROWS_BLOCK_K": "4096"}),
     ("awq_gemv", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_ROW_GEMV": "0"}),
     ("awq_old", "awq", [], {"ENGINE_QUANT_GEMV": "0"}),

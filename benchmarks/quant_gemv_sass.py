@@ -52,6 +52,12 @@ FP8_GEMV_ARGS = {**_COMMON, "x_ptr": ("*bf16", 1), "w_ptr": ("*fp8e4nv", 1),
                  "K": ("i32", 1), "steps_per_split": ("i32", 0), "num_splits": ("i32", 0),
                  "stride_wn": ("i32", 1), "stride_sn": ("i32", 0),
                  "stride_sk": ("i32", 0)}  # fmt: skip
+_NO_BIAS = {k: v for k, v in _COMMON.items() if k != "bias_ptr"}
+AWQ_ROWS_ARGS = {**_NO_BIAS, "x_ptr": ("*bf16", 1), "r_ptr": ("*bf16", 1), "nw_ptr": ("*bf16", 1),
+                 "qw_ptr": ("*i32", 1), "z_ptr": ("*u8", 1), "s_ptr": ("*fp16", 1),
+                 "b_ptr": ("*fp16", 1), "res_ptr": ("*bf16", 1), "num_chunks": ("i32", 1),
+                 "eps": ("fp32", 0), "stride_qw": ("i32", 1), "stride_z": ("i32", 1),
+                 "stride_s": ("i32", 1), "magic": ("i32", 0)}  # fmt: skip
 FP8_OLD_ARGS = {**FP8_GEMV_ARGS, "out_ptr": ("*fp32", 1), "stride_op": ("i32", 1)}
 for _name in ("part_ptr", "lock_ptr", "num_splits"):
     FP8_OLD_ARGS.pop(_name)
@@ -95,11 +101,17 @@ def inspect(compiled: Any) -> dict[str, Any]:
 def kernels() -> list[tuple[str, Any, dict[str, Any], dict[str, Any], int, float]]:
     """(label, kernel, args, constexprs, warps, weights a thread handles per loop step)."""
     from engine_awq import gemv as awq_gemv
-    from engine_awq import w4a16
+    from engine_awq import rows, w4a16
     from engine_fp8 import gemv as fp8_gemv
     from engine_fp8 import w8a16
 
     out = []
+    for block_n, block_c, warps in ((4, 16, 4), (8, 8, 4), (4, 8, 4), (2, 8, 4)):
+        ce = {"GROUP": 128, "CHUNK": 128, "NPG": 8, "BLOCK_M": 1, "BLOCK_N": block_n,
+              "BLOCK_C": block_c, "HAS_BIAS": False}  # fmt: skip
+        per_step = block_n * block_c * 128 / (32 * warps)
+        out.append((f"awq rows {block_n}x{block_c * 128} {warps}w 1 tok", rows.awq_rows_kernel,
+                    AWQ_ROWS_ARGS, ce, warps, per_step))  # fmt: skip
     for tokens in (1, 16):
         cfg = awq_gemv.default_gemv_config(tokens, 4096, 128)
         block_m = 16 if cfg.variant == "dot" else 1

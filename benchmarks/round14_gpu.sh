@@ -32,7 +32,7 @@ if [ "$MODE" = quant ]; then
     py 120 -m pytest -q -p no:cacheprovider tests/fused/test_gemv.py \
         plugins/fp8/tests/test_fp8_row_gemv.py plugins/awq/tests/test_awq_rows.py 2>&1 | tail -2
     py 280 benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes qwen06b \
-        --variants bf16,fp8_rows,fp8_gemv,awq_rows,awq_rows4,awq_gemv \
+        --variants bf16,fp8_rows,fp8_gemv,awq_rows,awq_rows8,awq_gemv \
         --out "$OUT/w2_qwen06b.json" 2>&1 | tail -8
     py 170 benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b \
         --variants bf16,fp8_rows,awq_rows,awq_gemv --out "$OUT/w2_llama8b.json" 2>&1 | tail -6

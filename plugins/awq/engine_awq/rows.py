@@ -54,52 +54,73 @@ __all__ = [
 
 ROWS_MAX_TOKENS = 4  # the kernel takes 1 to this many rows (method.py picks when it runs)
 NORM_MAX_K = 8192  # the prologue reads a whole row in one tile
-ROWS_BLOCK_N = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_N", "2"))
+ROWS_BLOCK_N = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_N", "4"))
 ROWS_BLOCK_K = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_K", "2048"))
 
 
 @triton.jit
-def _activations(x_ptr, r_ptr, nw_ptr, x_offs, ok, stride_rm, invs, dt, NORM: tl.constexpr):
-    """The step's activations at ``x_offs`` [BLOCK_M, BLOCK_C, W] (row offsets included)
-    in float32; with ``NORM`` ``rms_norm(x + r) * nw`` from each row's 1 / rms ``invs``,
-    with the add+norm kernel's roundings (the sum, the normalized value and the product
-    each to ``dt``)."""
-    h = tl.load(x_ptr + x_offs, mask=ok, other=0.0).to(tl.float32)
-    if NORM:
-        offs_m = tl.arange(0, invs.shape[0])[:, None, None]
-        k = x_offs - offs_m * stride_rm  # the rows of x, r and res are alike (the launch)
-        r = tl.load(r_ptr + x_offs, mask=ok, other=0.0).to(tl.float32)
-        nw = tl.load(nw_ptr + k, mask=ok, other=0.0).to(tl.float32)
-        s = (h + r).to(dt).to(tl.float32)
-        h = ((s * invs[:, None, None]).to(dt).to(tl.float32) * nw).to(dt).to(tl.float32)
-    return h
+def _products(
+    words, hi, x_row, r_row, nw_ptr, z_ptr, s_ptr, cols, offs_c, ok, x_ok, inv, stride_z,
+    stride_s, magic, dt,
+    GROUP: tl.constexpr, CHUNK: tl.constexpr, NPG: tl.constexpr, NORM: tl.constexpr,
+):  # fmt: skip
+    """``s * x (q - z)`` [BLOCK_N, BLOCK_C, W] of one token row over the step's codes
+    (not yet summed; ``ok`` [BLOCK_N, BLOCK_C, 1] masks the weights, ``x_ok`` [1,
+    BLOCK_C, 1] the activations): per group slice (``NPG`` nibbles of a chunk that share
+    a group) the products of its nibbles, ``q - z`` exact from one fused multiply-add
+    (:func:`engine_awq.gemv._codes`), then one multiply by the scale. Every operand is
+    3-D (``cols`` [BLOCK_N, 1, 1], ``offs_c`` [1, BLOCK_C, 1]), so nothing changes layout.
+    ``NORM``: the activations are ``rms_norm(x + r) * nw`` from the row's ``inv`` (1 /
+    rms) with the add+norm kernel's roundings (the sum, the normalized value and the
+    product each to ``dt``)."""
+    W: tl.constexpr = CHUNK // 8
+    # [BLOCK_N, BLOCK_C, W], the words' shape (each column's row repeated): the loads of
+    # x then get the words' layout and the products need no layout conversion
+    k_chunk = cols * 0 + offs_c * CHUNK + tl.arange(0, W)[None, None, :]
+    out = tl.zeros(words.shape, dtype=tl.float32)
+    for gs in tl.static_range(8 // NPG):
+        group = (offs_c * CHUNK + gs * NPG * W) // GROUP  # [1, BLOCK_C, 1]
+        z = tl.load(z_ptr + group * stride_z + cols, mask=ok, other=0).to(tl.float32)
+        s = tl.load(s_ptr + group * stride_s + cols, mask=ok, other=0.0).to(tl.float32)
+        prod = tl.zeros(words.shape, dtype=tl.float32)
+        for i in tl.static_range(gs * NPG, gs * NPG + NPG):
+            k = k_chunk + i * W
+            h = tl.load(x_row + k, mask=ok, other=0.0).to(tl.float32)
+            if NORM:
+                r = tl.load(r_row + k, mask=ok, other=0.0).to(tl.float32)
+                nw = tl.load(nw_ptr + k, mask=ok, other=0.0).to(tl.float32)
+                h = ((h + r).to(dt).to(tl.float32) * inv).to(dt).to(tl.float32)
+                h = (h * nw).to(dt).to(tl.float32)
+            prod += h * _codes(words, hi, z, i, magic)
+        out += prod * s
+    return out
 
 
 @triton.jit
-def _step(
-    acc, words, hi, x_ptr, r_ptr, nw_ptr, z_ptr, s_ptr, cols, n_ok, offs_c, c_ok, x_rows,
-    m_ok, stride_rm, stride_z, stride_s, invs, magic, dt,
+def _rows_step(
+    acc, acc3, words, x_ptr, r_ptr, nw_ptr, z_ptr, s_ptr, cols, offs_c, ok, c_ok, M, invs,
+    stride_xm, stride_z, stride_s, magic, dt,
     GROUP: tl.constexpr, CHUNK: tl.constexpr, NPG: tl.constexpr, NORM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):  # fmt: skip
-    """``acc`` [BLOCK_M, BLOCK_N] += the step's products: per group slice (``NPG``
-    nibbles of a chunk that share a group) ``s * sum x (q - z)``, the codes ``q - z``
-    exact from one fused multiply-add (:func:`engine_awq.gemv._codes`)."""
-    W: tl.constexpr = CHUNK // 8
-    ok = n_ok[:, None] & c_ok[None, :]  # [BLOCK_N, BLOCK_C]
-    x_ok = m_ok[:, None, None] & c_ok[None, :, None]
-    chunk_offs = x_rows + offs_c[None, :, None] * CHUNK + tl.arange(0, W)[None, None, :]
-    for gs in tl.static_range(8 // NPG):
-        group = (offs_c * CHUNK + gs * NPG * W) // GROUP  # [BLOCK_C]
-        z = tl.load(z_ptr + group[None, :] * stride_z + cols[:, None], mask=ok, other=0)
-        s = tl.load(s_ptr + group[None, :] * stride_s + cols[:, None], mask=ok, other=0.0)
-        z = z.to(tl.float32)[:, :, None]
-        prod = tl.zeros((x_rows.shape[0], words.shape[0], words.shape[1], W), tl.float32)
-        for i in tl.static_range(gs * NPG, gs * NPG + NPG):
-            h = _activations(x_ptr, r_ptr, nw_ptr, chunk_offs + i * W, x_ok, stride_rm,
-                             invs, dt, NORM)  # fmt: skip
-            prod += h[:, None, :, :] * _codes(words, hi, z, i, magic)[None, :, :, :]
-        acc += tl.sum(tl.sum(prod, axis=3) * s.to(tl.float32)[None, :, :], axis=2)
-    return acc
+    """One step for every token row: one row adds its products to ``acc3`` [BLOCK_N,
+    BLOCK_C, W] (summed once after the loop); more rows sum theirs into ``acc``
+    [BLOCK_M, BLOCK_N] each step."""
+    hi = words >> 12
+    offs_m = tl.arange(0, BLOCK_M)
+    for m in tl.static_range(BLOCK_M):
+        inv = tl.sum(tl.where(offs_m == m, invs, 0.0), 0)
+        part = _products(
+            words, hi, x_ptr + m * stride_xm, r_ptr + m * stride_xm, nw_ptr, z_ptr, s_ptr,
+            cols, offs_c, ok, c_ok & (m < M), inv, stride_z, stride_s, magic, dt, GROUP, CHUNK,
+            NPG, NORM,
+        )  # fmt: skip
+        if BLOCK_M == 1:
+            acc3 += part
+        else:
+            row = tl.sum(tl.sum(part, axis=2), axis=1)
+            acc = tl.where(offs_m[:, None] == m, acc + row[None, :], acc)
+    return acc, acc3
 
 
 @triton.jit
@@ -135,26 +156,31 @@ def awq_rows_kernel(
         invs = tl.rsqrt(tl.sum(s32 * s32, axis=1) / K + eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    x_rows = offs_m[:, None, None] * stride_xm
-    w_rows = cols[:, None, None].to(tl.int64) * stride_qw + tl.arange(0, W)[None, None, :]
-    u_rows = (cols + N)[:, None, None].to(tl.int64) * stride_qw + tl.arange(0, W)[None, None, :]
+    acc3 = tl.zeros([BLOCK_N, BLOCK_C, W], dtype=tl.float32)
+    acc3_u = tl.zeros([BLOCK_N, BLOCK_C, W], dtype=tl.float32)
+    cols3 = cols[:, None, None]
+    n_ok3 = n_ok[:, None, None]
+    words_at = cols3.to(tl.int64) * stride_qw + tl.arange(0, W)[None, None, :]
     for c0 in range(0, num_chunks, BLOCK_C):
-        offs_c = c0 + tl.arange(0, BLOCK_C)
+        offs_c = c0 + tl.arange(0, BLOCK_C)[None, :, None]  # [1, BLOCK_C, 1]
         c_ok = offs_c < num_chunks
-        w_ok = n_ok[:, None, None] & c_ok[None, :, None]
-        words = tl.load(qw_ptr + w_rows + offs_c[None, :, None] * W, mask=w_ok, other=0)
-        acc = _step(
-            acc, words, words >> 12, x_ptr, r_ptr, nw_ptr, z_ptr, s_ptr, cols, n_ok, offs_c,
-            c_ok, x_rows, m_ok, stride_xm, stride_z, stride_s, invs, magic, dt, GROUP, CHUNK,
-            NPG, NORM,
+        ok = n_ok3 & c_ok  # [BLOCK_N, BLOCK_C, 1]
+        words = tl.load(qw_ptr + words_at + offs_c * W, mask=ok, other=0)
+        acc, acc3 = _rows_step(
+            acc, acc3, words, x_ptr, r_ptr, nw_ptr, z_ptr, s_ptr, cols3, offs_c, ok, c_ok, M,
+            invs,
+            stride_xm, stride_z, stride_s, magic, dt, GROUP, CHUNK, NPG, NORM, BLOCK_M,
         )  # fmt: skip
         if GATED:
-            words = tl.load(qw_ptr + u_rows + offs_c[None, :, None] * W, mask=w_ok, other=0)
-            acc_u = _step(
-                acc_u, words, words >> 12, x_ptr, r_ptr, nw_ptr, z_ptr, s_ptr, cols + N,
-                n_ok, offs_c, c_ok, x_rows, m_ok, stride_xm, stride_z, stride_s, invs, magic,
-                dt, GROUP, CHUNK, NPG, NORM,
+            words = tl.load(qw_ptr + words_at + N * stride_qw + offs_c * W, mask=ok, other=0)
+            acc_u, acc3_u = _rows_step(
+                acc_u, acc3_u, words, x_ptr, r_ptr, nw_ptr, z_ptr, s_ptr, cols3 + N, offs_c,
+                ok, c_ok, M, invs, stride_xm, stride_z, stride_s, magic, dt, GROUP, CHUNK, NPG,
+                NORM, BLOCK_M,
             )  # fmt: skip
+    if BLOCK_M == 1:  # one row: the products are summed once, here
+        acc = tl.sum(tl.sum(acc3, axis=2), axis=1)[None, :]
+        acc_u = tl.sum(tl.sum(acc3_u, axis=2), axis=1)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
