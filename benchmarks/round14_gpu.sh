@@ -10,7 +10,8 @@
 # rows a program), FP8 with the plugin's split-K GEMV and AWQ on the Qwen3-0.6B shape, the
 # same for bf16 / FP8 on the Llama-3.1-8B shape, then the 0.6B FP8 kernel profile.
 # Mode short: the same with fewer variants (0.6B: bf16, FP8 rows, AWQ rows and split-K;
-# 8B: bf16, FP8 rows, AWQ rows at the default size limit and for every layer), for a call with little device time left (SHORT_8B_SECONDS caps the 8B part).
+# 8B: bf16, FP8 rows, AWQ rows at the default size limit and for every layer, or
+# SHORT_8B_VARIANTS), for a call with little device time left (SHORT_8B_SECONDS caps the 8B part).
 # Mode quant (one call for both formats): the FP8 and AWQ row-GEMV GPU tests, W2 on the
 # 0.6B shape of bf16, FP8 rows / split-K, AWQ rows (2 and 4 columns a program) / split-K,
 # then bf16 / FP8 rows / AWQ rows / AWQ split-K on the 8B shape.
@@ -41,12 +42,12 @@ if [ "$MODE" = quant ]; then
         2>&1 | tail -7
 fi
 if [ "$MODE" = short ]; then  # the quant mode's essentials, for a call with little time left
-    py 90 -m pytest -q -p no:cacheprovider plugins/fp8/tests/test_fp8_row_gemv.py \
+    py 70 -m pytest -q -p no:cacheprovider plugins/fp8/tests/test_fp8_row_gemv.py \
         plugins/awq/tests/test_awq_rows.py 2>&1 | tail -2
     py 190 benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes qwen06b \
         --variants bf16,fp8_rows,awq_rows,awq_gemv --out "$OUT/w2_qwen06b.json" 2>&1 | tail -6
     py "${SHORT_8B_SECONDS:-200}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 \
-        --shapes llama8b --variants bf16,fp8_rows,awq_rows,awq_rows_all \
+        --shapes llama8b --variants "${SHORT_8B_VARIANTS:-bf16,fp8_rows,awq_rows,awq_rows_all}" \
         --out "$OUT/w2_llama8b.json" 2>&1 | tail -6
 fi
 
