@@ -139,14 +139,10 @@ def test_tiny_model_gives_the_same_tokens_merged(arch: str, tmp_path: Path) -> N
     torch.testing.assert_close(merged_logits, logits, rtol=1e-4, atol=1e-4)
 
 
-def test_tiny_model_tiled_kernels_match_the_reference_layout(tmp_path: Path) -> None:
-    """A whole fp16 model on the tiled layout (W4A16 kernels, merged projections) against
-    the same weights on the checkpoint layout (torch dequantize path). Hidden size 64 gives
-    64-row chunks (CUDA cores for 3-4 tokens, the dequantize pass for 8-9) and the MLP's
-    128 a 128-row chunk for down_proj (CUDA cores, then tensor cores)."""
-    if DEVICE != "cpu":
-        pytest.skip("builds the model on the CPU")
-    model_dir = build_tiny_model(tmp_path / "m", "Qwen3ForCausalLM", seed=4)
+def reference_and_tiled_models(tmp_path: Path, seed: int) -> tuple:
+    """A tiny fp16 AWQ Qwen3 (group 32) twice: on the checkpoint layout (torch dequantize
+    path) and on the tiled layout with merged projections (the Triton kernels)."""
+    model_dir = build_tiny_model(tmp_path / "m", "Qwen3ForCausalLM", seed=seed)
     state = quantized_state(model_dir, lambda w: awq_gemm(w, 32))
     cfg = AwqConfig.from_config({**CONFIG, "group_size": 32})
     reference, tiled = (build_model(model_dir, cfg, state).half() for _ in "ab")
@@ -154,6 +150,17 @@ def test_tiny_model_tiled_kernels_match_the_reference_layout(tmp_path: Path) -> 
         if isinstance(getattr(module, "quant_method", None), AwqLinearMethod):
             assert module.quant_method.repack(module)
     tiled.merge_projections()
+    return reference, tiled
+
+
+def test_tiny_model_tiled_kernels_match_the_reference_layout(tmp_path: Path) -> None:
+    """A whole fp16 model on the tiled layout (W4A16 kernels, merged projections) against
+    the same weights on the checkpoint layout (torch dequantize path). Hidden size 64 gives
+    64-row chunks (CUDA cores for 3-4 tokens, the dequantize pass for 8-9) and the MLP's
+    128 a 128-row chunk for down_proj (CUDA cores, then tensor cores)."""
+    if DEVICE != "cpu":
+        pytest.skip("builds the model on the CPU")
+    reference, tiled = reference_and_tiled_models(tmp_path, seed=4)
     mlp = tiled.model.layers[0].mlp
     assert (mlp.gate_up_proj.awq_chunk, mlp.down_proj.awq_chunk) == (64, 128)
     for prompt in ([5, 17, 42], [5, 17, 42, 99, 3, 250, 7, 8]):

@@ -209,22 +209,11 @@ def test_tiny_qwen3_decode_row_takes_the_fused_launches(
     gate/up takes the gated launch, q/k/v after the first layer the add+RMSNorm one, o and
     down (and the first q/k/v) the plain one; tokens and logits equal the checkpoint
     layout's (torch dequantize path)."""
-    from awq_formats import awq_gemm
-    from engine_awq.config import AwqConfig
-    from engine_awq.method import AwqLinearMethod
     from engine_sdk.layers import decoder
-    from engine_sdk.testing.models import build_tiny_model
-    from engine_sdk.testing.quantized_model import build_model, greedy, quantized_state
-    from test_awq_merge import CONFIG
+    from engine_sdk.testing.quantized_model import greedy
+    from test_awq_merge import reference_and_tiled_models
 
-    model_dir = build_tiny_model(tmp_path / "m", "Qwen3ForCausalLM", seed=6)
-    state = quantized_state(model_dir, lambda w: awq_gemm(w, 32))
-    cfg = AwqConfig.from_config({**CONFIG, "group_size": 32})
-    reference, tiled = (build_model(model_dir, cfg, state).half() for _ in "ab")
-    for module in tiled.modules():
-        if isinstance(getattr(module, "quant_method", None), AwqLinearMethod):
-            assert module.quant_method.repack(module)
-    tiled.merge_projections()
+    reference, tiled = reference_and_tiled_models(tmp_path, seed=6)
     for switch in ("ENGINE_FUSED_NORM", "ENGINE_FUSED_SILU"):  # on, whatever ran before
         monkeypatch.delenv(switch, raising=False)
     decoder._fused_norm_enabled.cache_clear()
