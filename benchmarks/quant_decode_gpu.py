@@ -11,8 +11,7 @@ Llama-3.1-8B shape reuses its tokenizer. Online FP8 comes from ``--quantization 
 from a copy of the folder whose config declares AutoAWQ 4-bit (group 128). ``fp8_rows``:
 the SDK's row GEMV with the fp8 weight at one row (the default; ``fp8_rows4`` four weight
 rows a program), ``fp8_gemv``: the plugin's split-K GEMV (``ENGINE_FP8_ROW_GEMV=0``),
-``awq_rows``: the AWQ row GEMV at one token for layers of at most 8 MiB of codes
-(:mod:`engine_awq.rows`, the default; ``awq_rows_all`` every layer;
+``awq_rows``: the AWQ row GEMV at one token (:mod:`engine_awq.rows`, the default;
 ``awq_rows8`` eight columns a program over 1024 activations a step, ``awq_rows_k4096``
 4096 activations a step),
 ``awq_gemv``: its split-K GEMV (``ENGINE_AWQ_ROW_GEMV=0``), ``old`` rows
@@ -66,7 +65,6 @@ VARIANTS: list[tuple[str, str, list[str], dict[str, str | None]]] = [
         },
     ),
     ("awq_rows_k4096", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_ROWS_BLOCK_K": "4096"}),
-    ("awq_rows_all", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_ROWS_MAX_MIB": "4096"}),
     ("awq_gemv", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_ROW_GEMV": "0"}),
     ("awq_old", "awq", [], {"ENGINE_QUANT_GEMV": "0"}),
 ]

@@ -41,16 +41,3 @@ def test_awq_row_gemv_takes_one_token_by_default(env: dict, limit: int) -> None:
     out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == limit
-
-
-@pytest.mark.parametrize("env,limit", [(None, 8 * 2**20), ("0.5", 2**19), ("64", 64 * 2**20)])
-def test_awq_row_gemv_weight_limit(env: str | None, limit: int) -> None:
-    """Layers of at most 8 MiB of codes take the AWQ row GEMV by default;
-    ``ENGINE_AWQ_ROWS_MAX_MIB`` moves the limit."""
-    environ = {k: v for k, v in os.environ.items() if k != "ENGINE_AWQ_ROWS_MAX_MIB"}
-    if env is not None:
-        environ["ENGINE_AWQ_ROWS_MAX_MIB"] = env
-    code = "import engine_awq.method as m; print(m.ROWS_MAX_WEIGHT_BYTES)"
-    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert int(out.stdout) == limit

@@ -16,12 +16,9 @@ to retune from ``benchmarks/quant_gemv_gpu.py`` / ``quant_kernels_gpu.py``:
   bf16 GEMV), which also takes the decoder's add+RMSNorm
   (:meth:`AwqLinearMethod.apply_add_rms_norm`) and, for the merged gate/up, the SiLU
   (:meth:`AwqLinearMethod.apply_add_rms_norm_silu`), so a one-token step has as many
-  launches as bf16's; ``ENGINE_AWQ_ROW_GEMV`` sets the tokens (0: off). Only layers of at
-  most ``ROWS_MAX_WEIGHT_BYTES`` of codes take it (``ENGINE_AWQ_ROWS_MAX_MIB``, default
-  8): compiled for sm90 it issues 5.9 instructions a weight (9 with the norm) against the
-  split-K GEMV's 4.7, which matters where the weights are large and the GEMV
-  instruction-bound (the 8B shape), less where launches dominate (every 0.6B layer is
-  under 4 MiB); until a GPU measures both, large layers keep the split-K GEMV;
+  launches as bf16's; ``ENGINE_AWQ_ROW_GEMV`` sets the tokens (0: off). Measured on an
+  H100 (2026-12-06) at one token it beats the split-K GEMV on both shapes: W2 0.6B 1.010
+  against 1.336 ms a token, 8B 3.815 against 4.189;
 - tiled, fp16/bf16 activations, up to ``GEMV_MAX_TOKENS`` tokens (decode): ``gemv``, the
   split-K W4A16 GEMV in one launch (:mod:`engine_awq.gemv`; CUDA cores up to
   ``GEMV_FMA_MAX_TOKENS`` tokens, tensor cores above);
@@ -65,7 +62,6 @@ from engine_awq.tiled import dequantize_tiled, pick_chunk, repack_tiled
 
 __all__ = [
     "DOT_MAX_TOKENS",
-    "ROWS_MAX_WEIGHT_BYTES",
     "ROW_GEMV_MAX_TOKENS",
     "FMA_MAX_TOKENS",
     "GEMV_FMA_MAX_TOKENS",
@@ -83,7 +79,6 @@ _ROWS_LIMIT = 4  # engine_awq.rows.ROWS_MAX_TOKENS (that module imports Triton, 
 ROW_GEMV_MAX_TOKENS = min(
     GEMV_MAX_TOKENS, _ROWS_LIMIT, int(os.environ.get("ENGINE_AWQ_ROW_GEMV", "1"))
 )
-ROWS_MAX_WEIGHT_BYTES = int(float(os.environ.get("ENGINE_AWQ_ROWS_MAX_MIB", "8")) * 2**20)
 GEMV_FMA_MAX_TOKENS = 1  # ... on CUDA cores up to here, tensor cores above (first guess)
 FMA_MAX_TOKENS = 4  # CUDA-core W4A16 GEMM up to here (below GEMV_MAX_TOKENS: not reached)
 DOT_MAX_TOKENS = 256  # tensor-core W4A16 up to here, then dequantize + dense matmul
@@ -104,7 +99,7 @@ def select_path(layer: torch.nn.Module, num_tokens: int, dtype: torch.dtype) -> 
         return "reference"
     if dtype not in _KERNEL_DTYPES or num_tokens == 0:
         return "dequant"
-    if num_tokens <= ROW_GEMV_MAX_TOKENS and _rows_fit(layer):
+    if num_tokens <= ROW_GEMV_MAX_TOKENS:
         return "rows"
     if num_tokens <= GEMV_MAX_TOKENS:
         return "gemv"
@@ -335,12 +330,6 @@ class AwqLinearMethod(QuantizationMethod):
 
 _PACKED_NAMES = ("qweight", "qzeros", "scales")
 _TILED_NAMES = ("tiled_qweight", "tiled_zeros", "scales")
-
-
-def _rows_fit(layer: torch.nn.Module) -> bool:
-    """Whether the layer's codes are small enough for the row GEMV (``ROWS_MAX_WEIGHT_BYTES``)."""
-    words = layer.tiled_qweight
-    return words.shape[0] * words.shape[1] * 4 <= ROWS_MAX_WEIGHT_BYTES
 
 
 def _tiled_weights(

@@ -165,9 +165,8 @@ def _spy(monkeypatch: pytest.MonkeyPatch, name: str) -> list[dict]:
 
 def test_method_sends_one_token_to_the_row_gemv(monkeypatch: pytest.MonkeyPatch) -> None:
     """``apply`` / ``apply_add_rms_norm`` / ``apply_add_rms_norm_silu`` of a tiled layer:
-    the row launches at one token; two tokens, a layer over ``ROWS_MAX_WEIGHT_BYTES`` and
-    ``ROW_GEMV_MAX_TOKENS`` 0 (what ``ENGINE_AWQ_ROW_GEMV=0`` sets) keep the split-K GEMV
-    and refuse the gated call."""
+    the row launches at one token; two tokens (and ``ROW_GEMV_MAX_TOKENS`` 0, what
+    ``ENGINE_AWQ_ROW_GEMV=0`` sets) keep the split-K GEMV and refuse the gated call."""
     from test_awq_merge import _layers
 
     layer = _layers(group_size=64, sizes_and_gains=((72, 1.0),))[0]
@@ -186,13 +185,6 @@ def test_method_sends_one_token_to_the_row_gemv(monkeypatch: pytest.MonkeyPatch)
     x2, residual2, _ = _norm_inputs(2, 128, torch.float16)
     assert awq_method.select_path(layer, 2, torch.float16) == "gemv"
     assert method.apply_add_rms_norm_silu(layer, x2, residual2, weight, 1e-6) is None
-    codes_bytes = layer.tiled_qweight.numel() * 4  # a layer above the size limit: split-K
-    monkeypatch.setattr(awq_method, "ROWS_MAX_WEIGHT_BYTES", codes_bytes)
-    assert awq_method.select_path(layer, 1, torch.float16) == "rows"
-    monkeypatch.setattr(awq_method, "ROWS_MAX_WEIGHT_BYTES", codes_bytes - 1)
-    assert awq_method.select_path(layer, 1, torch.float16) == "gemv"
-    assert method.apply_add_rms_norm_silu(layer, x, residual, weight, 1e-6) is None
-    monkeypatch.setattr(awq_method, "ROWS_MAX_WEIGHT_BYTES", codes_bytes)
     monkeypatch.setattr(awq_method, "ROW_GEMV_MAX_TOKENS", 0)
     assert awq_method.select_path(layer, 1, torch.float16) == "gemv"
     assert method.apply_add_rms_norm_silu(layer, x, residual, weight, 1e-6) is None
