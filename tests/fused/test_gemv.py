@@ -178,7 +178,8 @@ def test_decoder_takes_the_norm_gemv_at_decode(monkeypatch, tmp_path):
     decoder._fused_silu_enabled.cache_clear()
     try:
         fused_no_silu = logits()  # the plain norm GEMV for gate/up, SiLU on its own
-    finally:
+    finally:  # the switch back on before the cache is cleared: a later read caches True
+        monkeypatch.delenv("ENGINE_FUSED_SILU")
         decoder._fused_silu_enabled.cache_clear()
     assert calls == {"norm": 3 * num_layers - 2, "gated": num_layers}
     monkeypatch.setenv("ENGINE_GEMV", "0")
