@@ -63,13 +63,13 @@ ROWS_BLOCK_K = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_K", "2048"))
 
 @triton.jit
 def _products(
-    words, hi, x_row, r_row, nw_ptr, z_ptr, s_ptr, cols, offs_c, ok, x_ok, inv, stride_z,
+    words, hi, x_row, r_row, nw_ptr, z_ptr, s_ptr, cols, offs_c, ok, inv, stride_z,
     stride_s, magic, dt,
     GROUP: tl.constexpr, CHUNK: tl.constexpr, NPG: tl.constexpr, NORM: tl.constexpr,
 ):  # fmt: skip
     """``s * x (q - z)`` [BLOCK_N, BLOCK_C, W] of one token row over the step's codes
-    (not yet summed; ``ok`` [BLOCK_N, BLOCK_C, 1] masks the weights, ``x_ok`` [1,
-    BLOCK_C, 1] the activations): per group slice (``NPG`` nibbles of a chunk that share
+    (not yet summed; ``ok`` [BLOCK_N, BLOCK_C, 1] masks the weights and this row's
+    activations): per group slice (``NPG`` nibbles of a chunk that share
     a group) the products of its nibbles, ``q - z`` exact from one fused multiply-add
     (:func:`engine_awq.gemv._codes`), then one multiply by the scale. Every operand is
     3-D (``cols`` [BLOCK_N, 1, 1], ``offs_c`` [1, BLOCK_C, 1]), so nothing changes layout.
@@ -101,7 +101,7 @@ def _products(
 
 @triton.jit
 def _rows_step(
-    acc, acc3, words, x_ptr, r_ptr, nw_ptr, z_ptr, s_ptr, cols, offs_c, ok, c_ok, M, invs,
+    acc, acc3, words, x_ptr, r_ptr, nw_ptr, z_ptr, s_ptr, cols, offs_c, ok, M, invs,
     stride_xm, stride_z, stride_s, magic, dt,
     GROUP: tl.constexpr, CHUNK: tl.constexpr, NPG: tl.constexpr, NORM: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -115,8 +115,8 @@ def _rows_step(
         inv = tl.sum(tl.where(offs_m == m, invs, 0.0), 0)
         part = _products(
             words, hi, x_ptr + m * stride_xm, r_ptr + m * stride_xm, nw_ptr, z_ptr, s_ptr,
-            cols, offs_c, ok, c_ok & (m < M), inv, stride_z, stride_s, magic, dt, GROUP, CHUNK,
-            NPG, NORM,
+            cols, offs_c, ok & (m < M), inv, stride_z, stride_s, magic, dt, GROUP, CHUNK, NPG,
+            NORM,
         )  # fmt: skip
         if BLOCK_M == 1:
             acc3 += part
@@ -166,19 +166,17 @@ def awq_rows_kernel(
     words_at = cols3.to(tl.int64) * stride_qw + tl.arange(0, W)[None, None, :]
     for c0 in range(0, num_chunks, BLOCK_C):
         offs_c = c0 + tl.arange(0, BLOCK_C)[None, :, None]  # [1, BLOCK_C, 1]
-        c_ok = offs_c < num_chunks
-        ok = n_ok3 & c_ok  # [BLOCK_N, BLOCK_C, 1]
+        ok = n_ok3 & (offs_c < num_chunks)  # [BLOCK_N, BLOCK_C, 1]
         words = tl.load(qw_ptr + words_at + offs_c * W, mask=ok, other=0)
         acc, acc3 = _rows_step(
-            acc, acc3, words, x_ptr, r_ptr, nw_ptr, z_ptr, s_ptr, cols3, offs_c, ok, c_ok, M,
-            invs,
+            acc, acc3, words, x_ptr, r_ptr, nw_ptr, z_ptr, s_ptr, cols3, offs_c, ok, M, invs,
             stride_xm, stride_z, stride_s, magic, dt, GROUP, CHUNK, NPG, NORM, BLOCK_M,
         )  # fmt: skip
         if GATED:
             words = tl.load(qw_ptr + words_at + N * stride_qw + offs_c * W, mask=ok, other=0)
             acc_u, acc3_u = _rows_step(
                 acc_u, acc3_u, words, x_ptr, r_ptr, nw_ptr, z_ptr, s_ptr, cols3 + N, offs_c,
-                ok, c_ok, M, invs, stride_xm, stride_z, stride_s, magic, dt, GROUP, CHUNK, NPG,
+                ok, M, invs, stride_xm, stride_z, stride_s, magic, dt, GROUP, CHUNK, NPG,
                 NORM, BLOCK_M,
             )  # fmt: skip
     if BLOCK_M == 1:  # one row: the products are summed once, here
