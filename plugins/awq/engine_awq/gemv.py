@@ -326,6 +326,20 @@ def awq_gemv_add_rms_norm(
     return _launch(x, weights, bias, config, locks, norm), norm.new_residual
 
 
+def nibbles_per_group(
+    x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]
+) -> int:
+    """Check ``x`` [M, K] against the tiled operands ``(tiled_qweight, tiled_zeros, scales,
+    group_size, chunk)`` as the decode kernels read them (K a whole number of chunks,
+    contiguous rows, nibble slices inside groups) and return ``NPG``, the nibbles of a
+    chunk that share a group (their scale is applied once)."""
+    tiled_qweight, tiled_zeros, scales, group_size, chunk = weights
+    assert tiled_qweight.shape[1] * 8 == x.shape[1] and x.shape[1] % chunk == 0
+    assert tiled_qweight.stride(1) == tiled_zeros.stride(1) == scales.stride(1) == 1
+    assert x.stride(1) == 1 and group_size % (chunk // 8) == 0
+    return math.gcd(8, group_size // (chunk // 8))
+
+
 def _launch(
     x: torch.Tensor,
     weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int],
@@ -339,9 +353,7 @@ def _launch(
     num_tokens, num_in = x.shape
     num_out = tiled_qweight.shape[0]
     assert 0 < num_tokens <= MAX_TOKENS, f"the GEMV takes 1 to {MAX_TOKENS} rows"
-    assert tiled_qweight.shape[1] * 8 == num_in and num_in % chunk == 0
-    assert tiled_qweight.stride(1) == tiled_zeros.stride(1) == scales.stride(1) == 1
-    assert x.stride(1) == 1 and group_size % (chunk // 8) == 0
+    npg = nibbles_per_group(x, weights)
     if config is None:
         config = gemv_config(x.device, num_tokens, num_out, num_in, chunk)
     use_dot = config.variant == "dot"
@@ -357,8 +369,8 @@ def _launch(
         plan.split, x.stride(0), tiled_qweight.stride(0), tiled_zeros.stride(0),
         scales.stride(0), plan.out.stride(0), MAGIC_2_23,
         *norm_operands,
-        GROUP=group_size, CHUNK=chunk, NPG=math.gcd(8, group_size // (chunk // 8)),
-        BLOCK_M=block_m, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
+        GROUP=group_size, CHUNK=chunk, NPG=npg, BLOCK_M=block_m, BLOCK_N=config.block_n,
+        NUM_STAGES=config.num_stages,
         USE_DOT=use_dot, HAS_BIAS=bias is not None, SPLIT=plan.split > 1,
         num_warps=config.num_warps, **norm_constants,
     )  # fmt: skip

@@ -62,6 +62,8 @@ from engine_awq.tiled import dequantize_tiled, pick_chunk, repack_tiled
 
 __all__ = [
     "DOT_MAX_TOKENS",
+    "ROWS_MAX_TOKENS",
+    "ROWS_NORM_MAX_K",
     "ROW_GEMV_MAX_TOKENS",
     "FMA_MAX_TOKENS",
     "GEMV_FMA_MAX_TOKENS",
@@ -73,11 +75,11 @@ __all__ = [
 # split-K GEMV up to here (at most engine_awq.gemv.MAX_TOKENS); 0 (off) when
 # engine_sdk.runtime.quant_gemv_enabled() says no (ENGINE_QUANT_GEMV=0).
 GEMV_MAX_TOKENS = 16 if quant_gemv_enabled() else 0
-# the row GEMV (engine_awq.rows) up to here, within the gemv path: one token, until a
-# sweep measures more rows (at most engine_awq.rows.ROWS_MAX_TOKENS)
-_ROWS_LIMIT = 4  # engine_awq.rows.ROWS_MAX_TOKENS (that module imports Triton, this one not)
+ROWS_MAX_TOKENS = 4  # the row GEMV (engine_awq.rows) takes 1 to this many rows
+ROWS_NORM_MAX_K = 8192  # ... and its add+RMSNorm prologue rows of at most this length
+# the row GEMV up to here, within the gemv path: one token, until a sweep measures more
 ROW_GEMV_MAX_TOKENS = min(
-    GEMV_MAX_TOKENS, _ROWS_LIMIT, int(os.environ.get("ENGINE_AWQ_ROW_GEMV", "1"))
+    GEMV_MAX_TOKENS, ROWS_MAX_TOKENS, int(os.environ.get("ENGINE_AWQ_ROW_GEMV", "1"))
 )
 GEMV_FMA_MAX_TOKENS = 1  # ... on CUDA cores up to here, tensor cores above (first guess)
 FMA_MAX_TOKENS = 4  # CUDA-core W4A16 GEMM up to here (below GEMV_MAX_TOKENS: not reached)
@@ -252,17 +254,13 @@ class AwqLinearMethod(QuantizationMethod):
         takes the ``rows`` path (:func:`engine_awq.rows.awq_rows_add_rms_norm`) or the
         ``gemv`` path (:func:`engine_awq.gemv.awq_gemv_add_rms_norm`) with at most
         ``NORM_MAX_ROWS`` rows; else None (the decoder's own kernels)."""
-        from engine_sdk.layers.split_k import fuses_add_rms_norm
-
-        if not fuses_add_rms_norm(x, residual, norm_weight):  # [M, K] with M <= NORM_MAX_ROWS
-            return None
-        path = select_path(layer, x.shape[0], x.dtype)
-        if path == "rows" and x.shape[1] <= _rows_norm_max_k():
+        path = _norm_fusion_path(layer, x, residual, norm_weight)
+        if path == "rows":
             from engine_awq.rows import awq_rows_add_rms_norm
 
             weights = _tiled_weights(layer)
             return awq_rows_add_rms_norm(x, residual, norm_weight, eps, *weights, bias)
-        if path not in ("rows", "gemv"):
+        if path != "gemv":
             return None
         from engine_awq.gemv import awq_gemv_add_rms_norm
 
@@ -282,11 +280,7 @@ class AwqLinearMethod(QuantizationMethod):
         """The norm, the merged gate/up and SiLU-and-mul in one launch
         (:func:`engine_awq.rows.awq_rows_add_rms_norm` with ``gated``) where the call
         takes the ``rows`` path; else None."""
-        from engine_sdk.layers.split_k import fuses_add_rms_norm
-
-        if not fuses_add_rms_norm(x, residual, norm_weight):
-            return None
-        if select_path(layer, x.shape[0], x.dtype) != "rows" or x.shape[1] > _rows_norm_max_k():
+        if _norm_fusion_path(layer, x, residual, norm_weight) != "rows":
             return None
         if layer.tiled_qweight.shape[0] % 2:
             return None
@@ -342,10 +336,20 @@ def _tiled_weights(
     )  # fmt: skip
 
 
-def _rows_norm_max_k() -> int:
-    from engine_awq.rows import NORM_MAX_K
+def _norm_fusion_path(
+    layer: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor
+) -> str | None:
+    """The GEMV that takes the add+RMSNorm of this call: ``rows`` (rows of at most
+    ``ROWS_NORM_MAX_K``), ``gemv`` (the split-K GEMV's prologue, also for longer rows on
+    the ``rows`` path), or None (operands no prologue takes, or another path)."""
+    from engine_sdk.layers.split_k import fuses_add_rms_norm
 
-    return NORM_MAX_K
+    if not fuses_add_rms_norm(x, residual, norm_weight):  # [M, K] with M <= NORM_MAX_ROWS
+        return None
+    path = select_path(layer, x.shape[0], x.dtype)
+    if path == "rows":
+        return "rows" if x.shape[1] <= ROWS_NORM_MAX_K else "gemv"
+    return "gemv" if path == "gemv" else None
 
 
 def _add_gemv_locks(layer: torch.nn.Module, num_out: int, device: torch.device) -> None:

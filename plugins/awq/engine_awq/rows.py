@@ -37,14 +37,14 @@ Variants (one kernel):
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-from engine_awq.gemv import MAGIC_2_23, _codes
+from engine_awq.gemv import MAGIC_2_23, _codes, nibbles_per_group
+from engine_awq.method import ROWS_MAX_TOKENS, ROWS_NORM_MAX_K
 
 __all__ = [
     "NORM_MAX_K",
@@ -55,8 +55,9 @@ __all__ = [
     "awq_rows_add_rms_norm",
 ]
 
-ROWS_MAX_TOKENS = 4  # the kernel takes 1 to this many rows (method.py picks when it runs)
-NORM_MAX_K = 8192  # the prologue reads a whole row in one tile
+# ROWS_MAX_TOKENS (1 to this many rows) and NORM_MAX_K (the prologue reads a whole row
+# in one tile) live in engine_awq.method, which routes by them without importing Triton
+NORM_MAX_K = ROWS_NORM_MAX_K
 ROWS_BLOCK_N = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_N", "4"))
 ROWS_BLOCK_K = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_K", "2048"))
 
@@ -253,9 +254,7 @@ def _launch(
     num_tokens, num_in = x.shape
     num_out = tiled_qweight.shape[0] // 2 if gated else tiled_qweight.shape[0]
     assert 0 < num_tokens <= ROWS_MAX_TOKENS, f"the row GEMV takes 1 to {ROWS_MAX_TOKENS} rows"
-    assert tiled_qweight.shape[1] * 8 == num_in and num_in % chunk == 0
-    assert tiled_qweight.stride(1) == tiled_zeros.stride(1) == scales.stride(1) == 1
-    assert x.stride(1) == 1 and group_size % (chunk // 8) == 0
+    npg = nibbles_per_group(x, weights)
     assert not gated or (residual is not None and tiled_qweight.shape[0] % 2 == 0)
     block_n = block_n or ROWS_BLOCK_N
     chunks = triton.next_power_of_2(num_in // chunk)
@@ -271,8 +270,8 @@ def _launch(
         new_residual, num_tokens, num_out, num_in // chunk, eps, x.stride(0),
         tiled_qweight.stride(0), tiled_zeros.stride(0), scales.stride(0), out.stride(0),
         MAGIC_2_23,
-        GROUP=group_size, CHUNK=chunk, NPG=math.gcd(8, group_size // (chunk // 8)),
-        BLOCK_M=triton.next_power_of_2(num_tokens), BLOCK_N=block_n, BLOCK_C=block_c,
+        GROUP=group_size, CHUNK=chunk, NPG=npg, BLOCK_M=triton.next_power_of_2(num_tokens),
+        BLOCK_N=block_n, BLOCK_C=block_c,
         HAS_BIAS=bias is not None, NORM=norm,
         NORM_K=triton.next_power_of_2(num_in) if norm else 16, GATED=gated,
     )  # fmt: skip
