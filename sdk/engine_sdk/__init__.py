@@ -22,7 +22,7 @@ from engine_sdk.specs import (
     ToolParserSpec,
 )
 
-__version__ = "0.1.2"
+__version__ = "0.1.3"
 # The contract version. Plugins declare a compatible range (``engine-sdk>=0.1,<0.2``);
 # the minor number grows when hooks or base classes change incompatibly before 1.0.
 __api_version__ = "0.1"
