@@ -11,11 +11,11 @@ Llama-3.1-8B shape reuses its tokenizer. Online FP8 comes from ``--quantization 
 from a copy of the folder whose config declares AutoAWQ 4-bit (group 128). ``fp8_rows``:
 the SDK's row GEMV with the fp8 weight at one row (the default; ``fp8_rows4`` four weight
 rows a program), ``fp8_gemv``: the plugin's split-K GEMV (``ENGINE_FP8_ROW_GEMV=0``),
-``awq_rows``: the AWQ row GEMV at one token (:mod:`engine_awq.rows`, the default;
-``awq_rows8`` eight columns a program over 1024 activations a step, ``awq_rows_k4096``
-4096 activations a step),
-``awq_gemv``: its split-K GEMV (``ENGINE_AWQ_ROW_GEMV=0``), ``old`` rows
-``ENGINE_QUANT_GEMV=0``. The table gives ms per
+``awq_rows``: the AWQ row GEMV at one token (:mod:`engine_awq.rows`, the default, with
+the GPU's measured tiles where its table has them; ``awq_rows_default`` the built-in tile
+on every launch, ``awq_rows8`` eight columns a program over 1024 activations a step,
+``awq_rows_k4096`` 4096 activations a step), ``awq_gemv``: its split-K GEMV
+(``ENGINE_AWQ_ROW_GEMV=0``), ``old`` rows ``ENGINE_QUANT_GEMV=0``. The table gives ms per
 output token and the ratio to bf16 of the same shape (< 1: faster than bf16).
 """
 
@@ -54,6 +54,8 @@ VARIANTS: list[tuple[str, str, list[str], dict[str, str | None]]] = [
         {"ENGINE_QUANT_GEMV": "0", "ENGINE_FP8_ROW_GEMV": "0"},
     ),
     ("awq_rows", "awq", [], {"ENGINE_QUANT_GEMV": "1"}),
+    # the built-in tile on every launch: the sweep switch makes rows_tile skip the GPU's table
+    ("awq_rows_default", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_ROWS_BLOCK_N": "4"}),
     (
         "awq_rows8",
         "awq",

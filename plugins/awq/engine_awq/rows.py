@@ -31,17 +31,22 @@ Variants (one kernel):
   ``silu(gate) * up``, each rounded to the dtype first (the decoder's SiLU kernel): the
   MLP's first half is one launch.
 
-``BLOCK_N`` / ``BLOCK_K`` default to ``ROWS_BLOCK_N`` / ``ROWS_BLOCK_K``
-(``ENGINE_AWQ_ROWS_BLOCK_N`` / ``_BLOCK_K`` for sweeps).
+Tiles (:class:`RowsTile`: columns a program, activations a step, warps, pipeline stages):
+the measured one for this GPU, launch and shape (``engine_awq/tuned/<device>.json``, kernel
+``awq_rows_<plain|norm|gated>_c<chunk>``, written by ``benchmarks/rows_gemv_gpu.py
+--write-tuned``), else ``ROWS_BLOCK_N`` / ``ROWS_BLOCK_K`` columns and activations with
+Triton's default warps and stages (``ENGINE_AWQ_ROWS_BLOCK_N`` / ``_BLOCK_K`` for sweeps).
 """
 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+from engine_sdk.layers.split_k import tuned_config
 
 from engine_awq.gemv import MAGIC_2_23, _codes, nibbles_per_group
 from engine_awq.method import ROWS_MAX_TOKENS, ROWS_NORM_MAX_K
@@ -51,8 +56,10 @@ __all__ = [
     "ROWS_BLOCK_K",
     "ROWS_BLOCK_N",
     "ROWS_MAX_TOKENS",
+    "RowsTile",
     "awq_rows",
     "awq_rows_add_rms_norm",
+    "rows_tile",
 ]
 
 # ROWS_MAX_TOKENS (1 to this many rows) and NORM_MAX_K (the prologue reads a whole row
@@ -60,6 +67,33 @@ __all__ = [
 NORM_MAX_K = ROWS_NORM_MAX_K
 ROWS_BLOCK_N = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_N", "4"))
 ROWS_BLOCK_K = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_K", "2048"))
+
+
+class RowsTile(NamedTuple):
+    """One launch's tile: output columns a program, activations a K step (rounded to
+    whole chunks, at most the row), warps and pipeline stages (None: Triton's default)."""
+
+    block_n: int = ROWS_BLOCK_N
+    block_k: int = ROWS_BLOCK_K
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+
+def rows_tile(
+    device: torch.device, launch: str, num_tokens: int, weight_rows: int, num_in: int, chunk: int
+) -> RowsTile:
+    """The tile for ``launch`` (``plain`` | ``norm`` | ``gated``) of ``num_tokens`` rows over
+    a weight of ``weight_rows`` (the merged ``[gate | up]`` rows when gated) x ``num_in``: the
+    GPU's measured one (the module docstring), else the default :class:`RowsTile`. The
+    environment's ``ENGINE_AWQ_ROWS_BLOCK_N`` / ``_BLOCK_K``, when set, win over the table
+    (sweeps time the defaults they set)."""
+    if "ENGINE_AWQ_ROWS_BLOCK_N" in os.environ or "ENGINE_AWQ_ROWS_BLOCK_K" in os.environ:
+        return RowsTile()
+    kernel = f"awq_rows_{launch}_c{chunk}"
+    found = tuned_config("engine_awq", kernel, device, weight_rows, num_in, num_tokens)
+    if found is None:
+        return RowsTile()
+    return RowsTile(**{k: v for k, v in found.items() if k in RowsTile._fields})
 
 
 @triton.jit
@@ -205,13 +239,12 @@ def awq_rows(
     group_size: int,
     chunk: int,
     bias: torch.Tensor | None = None,
-    block_n: int | None = None,
-    block_k: int | None = None,
+    tile: RowsTile | None = None,
 ) -> torch.Tensor:
     """``x`` [M, K] (1 <= M <= ``ROWS_MAX_TOKENS``; fp16/bf16, fp32 for tests) times the
     tiled AWQ weight -> [M, N] in ``x.dtype``, plus ``bias``; one launch."""
     weights = (tiled_qweight, tiled_zeros, scales, group_size, chunk)
-    out, _ = _launch(x, None, None, 0.0, weights, bias, False, block_n, block_k)
+    out, _ = _launch(x, None, None, 0.0, weights, bias, False, tile)
     return out
 
 
@@ -227,8 +260,7 @@ def awq_rows_add_rms_norm(
     chunk: int,
     bias: torch.Tensor | None = None,
     gated: bool = False,
-    block_n: int | None = None,
-    block_k: int | None = None,
+    tile: RowsTile | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`awq_rows` of ``rms_norm(x + residual) * norm_weight`` and ``x + residual``
     (the new residual), K at most ``NORM_MAX_K``: the decoder's add+norm kernel, then
@@ -236,7 +268,7 @@ def awq_rows_add_rms_norm(
     ``2 * I`` columns and the output is ``silu(gate) * up`` [M, I]."""
     assert x.shape[1] <= NORM_MAX_K and residual.shape == x.shape and residual.stride(1) == 1
     weights = (tiled_qweight, tiled_zeros, scales, group_size, chunk)
-    return _launch(x, residual, norm_weight, eps, weights, bias, gated, block_n, block_k)
+    return _launch(x, residual, norm_weight, eps, weights, bias, gated, tile)
 
 
 def _launch(
@@ -247,8 +279,7 @@ def _launch(
     weights: Weights,
     bias: torch.Tensor | None,
     gated: bool,
-    block_n: int | None,
-    block_k: int | None,
+    tile: RowsTile | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     tiled_qweight, tiled_zeros, scales, group_size, chunk = weights
     num_tokens, num_in = x.shape
@@ -256,23 +287,27 @@ def _launch(
     assert 0 < num_tokens <= ROWS_MAX_TOKENS, f"the row GEMV takes 1 to {ROWS_MAX_TOKENS} rows"
     npg = nibbles_per_group(x, weights)
     assert not gated or (residual is not None and tiled_qweight.shape[0] % 2 == 0)
-    block_n = block_n or ROWS_BLOCK_N
-    chunks = triton.next_power_of_2(num_in // chunk)
-    block_c = max(1, min((block_k or ROWS_BLOCK_K) // chunk, chunks))
-    out = torch.empty(num_tokens, num_out, dtype=x.dtype, device=x.device)
     norm = residual is not None
+    if tile is None:
+        launch = "gated" if gated else "norm" if norm else "plain"
+        tile = rows_tile(x.device, launch, num_tokens, tiled_qweight.shape[0], num_in, chunk)
+    chunks = triton.next_power_of_2(num_in // chunk)
+    block_c = max(1, min(tile.block_k // chunk, chunks))
+    out = torch.empty(num_tokens, num_out, dtype=x.dtype, device=x.device)
+    options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
     if norm:  # x, the residual and the new residual share one row stride
         x, residual = x.contiguous(), residual.contiguous()
     new_residual = torch.empty_like(x) if norm else out
-    awq_rows_kernel[(triton.cdiv(num_out, block_n),)](
+    awq_rows_kernel[(triton.cdiv(num_out, tile.block_n),)](
         x, residual if norm else x, norm_weight if norm_weight is not None else x,
         tiled_qweight, tiled_zeros, scales, bias if bias is not None else scales, out,
         new_residual, num_tokens, num_out, num_in // chunk, eps, x.stride(0),
         tiled_qweight.stride(0), tiled_zeros.stride(0), scales.stride(0), out.stride(0),
         MAGIC_2_23,
         GROUP=group_size, CHUNK=chunk, NPG=npg, BLOCK_M=triton.next_power_of_2(num_tokens),
-        BLOCK_N=block_n, BLOCK_C=block_c,
+        BLOCK_N=tile.block_n, BLOCK_C=block_c,
         HAS_BIAS=bias is not None, NORM=norm,
         NORM_K=triton.next_power_of_2(num_in) if norm else 16, GATED=gated,
+        **{k: v for k, v in options.items() if v is not None},
     )  # fmt: skip
     return out, new_residual

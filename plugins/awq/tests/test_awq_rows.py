@@ -14,23 +14,24 @@ import pytest
 import torch
 from engine_awq import method as awq_method
 from engine_awq import rows
-from engine_awq.rows import ROWS_MAX_TOKENS, awq_rows, awq_rows_add_rms_norm
+from engine_awq.rows import ROWS_MAX_TOKENS, RowsTile, awq_rows, awq_rows_add_rms_norm
 from engine_sdk.layers import fused_ops
 from test_awq_w4a16 import TOLERANCE, _rel_err, _tiled, _x
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-# (tokens, K, N, group, block_n, block_k): K 640 = 5 chunks in steps of 2 (the last step
+# (tokens, K, N, group, tile): K 640 = 5 chunks in steps of 2 (the last step
 # has one masked chunk), N 72 / 40 not a multiple of the columns a program, group 32
 # and 64 put 4 and 2 groups in a chunk, K 96 / 192 get 32- / 64-row chunks, block_k 4096
-# more than the row (one step, chunks masked).
+# more than the row (one step, chunks masked); warps and stages (ignored by the
+# interpreter) compile other kernels on a GPU.
 ROWS_CASES = [
-    (1, 512, 64, 128, None, None),
-    (1, 640, 72, 128, 4, 256),
-    (1, 640, 40, 32, 2, 256),
-    (2, 384, 40, 64, 16, 128),
-    (3, 96, 24, 32, 1, None),
-    (4, 192, 40, 64, 8, 4096),
+    (1, 512, 64, 128, None),
+    (1, 640, 72, 128, RowsTile(4, 256)),
+    (1, 640, 40, 32, RowsTile(2, 256, 2, 1)),
+    (2, 384, 40, 64, RowsTile(16, 128)),
+    (3, 96, 24, 32, RowsTile(1, 2048, 8, 3)),
+    (4, 192, 40, 64, RowsTile(8, 4096)),
 ]
 
 
@@ -39,22 +40,16 @@ def _want(x: torch.Tensor, reference: torch.Tensor, bias: torch.Tensor | None) -
     return want if bias is None else want + bias.double().cpu()
 
 
-@pytest.mark.parametrize(("tokens", "k", "n", "group", "block_n", "block_k"), ROWS_CASES)
+@pytest.mark.parametrize(("tokens", "k", "n", "group", "tile"), ROWS_CASES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_rows_equal_the_dequantized_reference(
-    tokens: int,
-    k: int,
-    n: int,
-    group: int,
-    block_n: int | None,
-    block_k: int | None,
-    dtype: torch.dtype,
+    tokens: int, k: int, n: int, group: int, tile: RowsTile | None, dtype: torch.dtype
 ) -> None:
     qweight, zeros, scales, chunk, reference = _tiled(k, n, group, seed=tokens)
     x = _x(tokens, k, dtype, seed=k)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(3)).to(DEVICE, dtype)
     for b in (None, bias):
-        out = awq_rows(x, qweight, zeros, scales, group, chunk, b, block_n, block_k)
+        out = awq_rows(x, qweight, zeros, scales, group, chunk, b, tile)
         assert out.shape == (tokens, n) and out.dtype == dtype
         assert _rel_err(out, _want(x, reference, b)) <= TOLERANCE[dtype]
 
@@ -66,7 +61,7 @@ def test_float32_is_exact_to_rounding() -> None:
     qweight, zeros, scales, chunk, reference = _tiled(640, 72, 32, seed=4)
     for tokens in (1, 3):
         x = _x(tokens, 640, torch.float32)
-        out = awq_rows(x, qweight, zeros, scales, 32, chunk, block_n=4, block_k=256)
+        out = awq_rows(x, qweight, zeros, scales, 32, chunk, tile=RowsTile(4, 256))
         assert _rel_err(out, _want(x, reference, None)) <= 1e-6
 
 
@@ -77,7 +72,7 @@ def test_every_chunk_and_column_reaches_the_output() -> None:
     for c in range(640 // chunk):
         x = torch.zeros(1, 640, dtype=torch.float16, device=DEVICE)
         x[:, c * chunk : (c + 1) * chunk] = _x(1, chunk, torch.float16, seed=c)
-        out = awq_rows(x, qweight, zeros, scales, 128, chunk, block_n=16, block_k=256)
+        out = awq_rows(x, qweight, zeros, scales, 128, chunk, tile=RowsTile(16, 256))
         want = _want(x, reference, None)
         assert (want.abs() > 0).all()
         assert _rel_err(out, want) <= TOLERANCE[torch.float16], c
@@ -100,9 +95,10 @@ def test_add_rms_norm_equals_norm_then_rows(
     whole row's norm: a partial norm or an unnormalized step fails)."""
     qweight, zeros, scales, chunk, reference = _tiled(k, n, group)
     x, residual, weight = _norm_inputs(tokens, k, dtype)
+    tile = RowsTile(block_k=256, num_warps=2)
     bias = torch.randn(n, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
     out, new_residual = awq_rows_add_rms_norm(
-        x, residual, weight, 1e-6, qweight, zeros, scales, group, chunk, bias, block_k=256
+        x, residual, weight, 1e-6, qweight, zeros, scales, group, chunk, bias, tile=tile
     )
     normed, summed = fused_ops.add_rms_norm(x, residual, weight, 1e-6)
     assert torch.equal(new_residual, summed)
@@ -122,7 +118,7 @@ def test_gated_equals_norm_rows_then_silu(tokens: int, dtype: torch.dtype) -> No
     bias = torch.randn(72, generator=torch.Generator().manual_seed(8)).to(DEVICE, dtype)
     out, new_residual = awq_rows_add_rms_norm(
         x, residual, weight, 1e-6, qweight, zeros, scales, 64, chunk, bias, gated=True,
-        block_n=8,
+        tile=RowsTile(block_n=8),
     )  # fmt: skip
     normed, summed = fused_ops.add_rms_norm(x, residual, weight, 1e-6)
     assert torch.equal(new_residual, summed) and out.shape == (tokens, 36)
@@ -219,3 +215,56 @@ def test_tiny_qwen3_decode_row_takes_the_fused_launches(
     want_tokens, want_logits = greedy(reference, [42], 1)
     assert tokens == want_tokens
     torch.testing.assert_close(logits.float(), want_logits.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_tile_comes_from_the_measured_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rows_tile`` asks the table for the launch's kernel name at the weight's shape and
+    builds the tile from the row's fields; no row gives the default; the sweep switches
+    (``ENGINE_AWQ_ROWS_BLOCK_N`` / ``_BLOCK_K``) win over a row."""
+    asked: list[tuple] = []
+    table = {
+        ("awq_rows_gated_c128", 28672, 4096, 1): {
+            "block_n": 8,
+            "block_k": 1024,
+            "num_warps": 2,
+            "num_stages": 1,
+            "ms": 0.02,
+        }
+    }
+
+    def lookup(package: str, kernel: str, device, n: int, k: int, tokens: int):  # type: ignore[no-untyped-def]
+        asked.append((package, kernel, n, k, tokens))
+        return table.get((kernel, n, k, tokens))
+
+    monkeypatch.setattr(rows, "tuned_config", lookup)
+    for name in ("ENGINE_AWQ_ROWS_BLOCK_N", "ENGINE_AWQ_ROWS_BLOCK_K"):
+        monkeypatch.delenv(name, raising=False)
+    cpu = torch.device("cpu")
+    assert rows.rows_tile(cpu, "gated", 1, 28672, 4096, 128) == RowsTile(8, 1024, 2, 1)
+    assert asked[-1] == ("engine_awq", "awq_rows_gated_c128", 28672, 4096, 1)
+    assert rows.rows_tile(cpu, "plain", 1, 28672, 4096, 128) == RowsTile()
+    assert asked[-1][1] == "awq_rows_plain_c128"
+    monkeypatch.setenv("ENGINE_AWQ_ROWS_BLOCK_N", "4")
+    assert rows.rows_tile(cpu, "gated", 1, 28672, 4096, 128) == RowsTile()
+
+
+def test_launch_uses_the_tile_of_its_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a tile argument each launch looks up its own kind (plain, norm, gated) with
+    the whole weight's rows, and the tile it gets is the one that runs: a table tile of 8
+    columns still gives the reference."""
+    asked: list[tuple] = []
+
+    def lookup(device, launch: str, tokens: int, n: int, k: int, chunk: int) -> RowsTile:  # type: ignore[no-untyped-def]
+        asked.append((launch, tokens, n, k, chunk))
+        return RowsTile(8, 128, 2, 1)
+
+    monkeypatch.setattr(rows, "rows_tile", lookup)
+    qweight, zeros, scales, chunk, reference = _tiled(384, 72, 64, seed=9)
+    x, residual, weight = _norm_inputs(2, 384, torch.float16)
+    out = awq_rows(x, qweight, zeros, scales, 64, chunk)
+    assert _rel_err(out, _want(x, reference, None)) <= TOLERANCE[torch.float16]
+    awq_rows_add_rms_norm(x, residual, weight, 1e-6, qweight, zeros, scales, 64, chunk)
+    awq_rows_add_rms_norm(
+        x, residual, weight, 1e-6, qweight, zeros, scales, 64, chunk, gated=True
+    )  # fmt: skip
+    assert asked == [(launch, 2, 72, 384, chunk) for launch in ("plain", "norm", "gated")]
