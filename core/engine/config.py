@@ -111,6 +111,11 @@ class EngineArgs:
         None, "Adapters kept loaded in host memory, least recently used dropped first "
         "(default: --max-loras).", "lora",
     )  # fmt: skip
+    lora_merge_single_adapter: bool = arg(
+        False, "While every running request uses the same adapter, add it into the weights "
+        "and run the base model's kernels (batch-1 decode at the base model's speed); costs a "
+        "device copy of the adapter-capable weights. Unquantized models only.", "lora",
+    )  # fmt: skip
     # plugins
     plugins: list[str] = arg([], "Plugins to require (NAME) or block (no:NAME).", "plugins")
     # features (structured outputs, reasoning)

@@ -16,6 +16,7 @@ class LoRAConfig:
     max_loras: int = 1  # distinct adapters in one batch (device slots)
     max_lora_rank: int = 16  # slot rank; adapters of lower rank are zero-padded
     max_cpu_loras: int = 1  # adapters kept loaded on the host (LRU)
+    merge_single_adapter: bool = False  # a step's one adapter added into the weights
 
     def __post_init__(self) -> None:
         for flag, value in (
@@ -42,7 +43,7 @@ class LoRAConfig:
                 "adapters on one GPU per replica (--data-parallel-size) instead"
             )
         max_cpu = args.max_cpu_loras if args.max_cpu_loras is not None else args.max_loras
-        return cls(args.max_loras, args.max_lora_rank, max_cpu)
+        return cls(args.max_loras, args.max_lora_rank, max_cpu, args.lora_merge_single_adapter)
 
     @staticmethod
     def slot_bytes(

@@ -26,6 +26,7 @@ from engine_sdk.layers.lora_dense import warm_up_dense
 
 from engine.lora.adapter import LoRAAdapter, LoRAAdapterError, load_adapter
 from engine.lora.config import LoRAConfig
+from engine.lora.merge import AdapterMerger
 from engine.lora.request import LoRARequest
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,14 @@ class LoRASlotManager:
         self._slots: list[int | None] = [None] * config.max_loras  # slot -> lora_int_id
         self._slot_use: list[int] = [0] * config.max_loras  # last step that used each slot
         self._step = 0
+        # --lora-merge-single-adapter: a step's one adapter in the weights (engine.lora.merge)
+        self.merger = AdapterMerger(self.layers, dtype) if config.merge_single_adapter else None
+        if self.merger is not None:
+            logger.info(
+                "LoRA: single-adapter merging on (%.1f MiB of base weights kept on %s)",
+                self.merger.nbytes / 2**20,
+                device,
+            )
         logger.info(
             "LoRA: %d projections x %d slots of rank %d (%.1f MiB on %s)",
             len(self.layers),
@@ -132,7 +141,8 @@ class LoRASlotManager:
         return [i for i in self._slots if i is not None]
 
     def assign(self, requests: Sequence[LoRARequest | None]) -> list[int]:
-        """The slot of each request's adapter (-1: none), loading adapters as needed."""
+        """The slot of each request's adapter (-1: none, or the adapter is merged into the
+        weights this step), loading adapters as needed."""
         self._step += 1
         wanted = list(dict.fromkeys(r for r in requests if r is not None))
         if len(wanted) > len(self._slots):
@@ -152,11 +162,14 @@ class LoRASlotManager:
                 slot_of[request.lora_int_id] = slot
         for slot in slot_of.values():
             self._slot_use[slot] = self._step
-        return [-1 if r is None else slot_of[r.lora_int_id] for r in requests]
+        slots = [-1 if r is None else slot_of[r.lora_int_id] for r in requests]
+        return slots if self.merger is None else self.merger.step(requests, slots)
 
     def remove(self, lora_int_id: int) -> None:
-        """Forget an unloaded adapter (host copy and slot)."""
+        """Forget an unloaded adapter (host copy, slot, and the weights if merged)."""
         self._host.pop(lora_int_id, None)
+        if self.merger is not None:
+            self.merger.forget(lora_int_id)
         for slot, held in enumerate(self._slots):
             if held == lora_int_id:
                 self._slots[slot] = None
