@@ -16,7 +16,8 @@ temporary folder. Parts, each configuration in its own process (the whole GPU ea
    model without ``--enable-lora``; with LoRA on but only base requests; requests spread
    round-robin over the 4 adapters and the base model (``--max-loras 4``);
 3. batch-1 decode ms per output token (128 prompt + 256 output tokens): base without LoRA,
-   base requests with LoRA on, one adapter.
+   base requests with LoRA on, one adapter, one adapter with ``--lora-merge-single-adapter``
+   (``adapter_merged``).
 
 Prints a table and writes one JSON (command, GPU, versions, every figure) to ``--out``.
 """
@@ -91,12 +92,13 @@ def make_adapter(root: Path, name: str, seed: int) -> Path:
 # -- one configuration (a subprocess) -------------------------------------------------------
 
 
-def _llm(model: Path, lora: bool, max_loras: int) -> Any:
+def _llm(model: Path, lora: bool, max_loras: int, merge: bool = False) -> Any:
     from engine import LLM
 
     kwargs: dict[str, Any] = {"load_format": "dummy", "dtype": "bfloat16", "max_model_len": 2048}
     if lora:
         kwargs.update(enable_lora=True, max_loras=max_loras, max_lora_rank=RANK)
+        kwargs.update(lora_merge_single_adapter=merge)
     return LLM(str(model), **kwargs)
 
 
@@ -116,7 +118,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     model = Path(spec["model"])
     adapters = [LoRARequest(f"a{i}", i + 1, p) for i, p in enumerate(spec["adapters"])]
-    llm = _llm(model, spec["lora"], spec.get("max_loras", 1))
+    llm = _llm(model, spec["lora"], spec.get("max_loras", 1), spec.get("merge", False))
     if spec["kind"] == "throughput":
         params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
         pool: list[Any] = {"base": [None], "mixed": [*adapters, None]}[spec["requests"]]
@@ -302,6 +304,7 @@ def print_table(results: dict[str, Any]) -> None:
         ("base", "batch-1 decode, LoRA off (ms/token)"),
         ("base_lora_on", "batch-1 decode, base request, LoRA on"),
         ("adapter", "batch-1 decode, one adapter"),
+        ("adapter_merged", "batch-1 decode, one adapter, --lora-merge-single-adapter"),
     ):
         if key not in lat:
             continue
@@ -321,7 +324,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer prompts and shapes")
     parser.add_argument("--parts", default="kernels,w1,decode", help="which parts, in order")
     parser.add_argument(
-        "--decode-runs", default="base,base_lora_on,adapter", help="the decode part's runs"
+        "--decode-runs",
+        default="base,base_lora_on,adapter,adapter_merged",
+        help="the decode part's runs",
     )
     parser.add_argument(
         "--w1-configs", default="base,base_lora_on,mixed", help="the W1 part's configurations"
@@ -376,12 +381,14 @@ def main() -> None:
             args.out.write_text(json.dumps(results, indent=2))
         decode_runs = (
             ("base", False, "base"), ("base_lora_on", True, "base"), ("adapter", True, "adapter"),
+            ("adapter_merged", True, "adapter"),
         ) if "decode" in parts else ()  # fmt: skip
         decode_runs = tuple(r for r in decode_runs if r[0] in args.decode_runs.split(","))
         results["decode"] = {}
         for name, lora, requests in decode_runs:
             spec = {**common, "name": f"decode_{name}", "kind": "latency", "lora": lora,
-                    "max_loras": 1, "requests": requests, "profile": args.profile}  # fmt: skip
+                    "max_loras": 1, "requests": requests, "profile": args.profile,
+                    "merge": name.endswith("_merged")}  # fmt: skip
             results["decode"][name] = run_worker(spec, root)
             print(f"decode {name}: {_brief(results['decode'][name])}", flush=True)
             args.out.write_text(json.dumps(results, indent=2))
