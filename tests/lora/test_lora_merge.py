@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from engine import LLM, LoRARequest, SamplingParams
+from engine.errors import StartupError
 from engine.lora import merge
 from engine.lora.merge import MERGE_AFTER_STEPS, AdapterMerger, merge_refusal
 from lora_builders import hf_lora_greedy
@@ -147,6 +148,11 @@ def test_offline_tokens_weights_and_restore(
     want = [reference[n, i] for i, n in enumerate(("alpha", "base", "beta"))]
     assert [o.outputs[0].token_ids for o in outs] == want
     assert merger.merges == 3  # a mixed batch never merges
+
+
+def test_offline_flag_without_enable_lora_is_refused(qwen3_lora_model: Path) -> None:
+    with pytest.raises(StartupError, match="--lora-merge-single-adapter needs --enable-lora"):
+        LLM(str(qwen3_lora_model), device="cpu", dtype="float32", lora_merge_single_adapter=True)
 
 
 def test_flag_off_never_merges(qwen3_lora_model: Path, adapters: dict[str, Path], monkeypatch):

@@ -78,6 +78,13 @@ def test_adapter_base_runtime_adapter_and_base_again(server, qwen3_lora_model, a
     assert "LoRA: single-adapter merging on" in server.log()
 
 
+def test_without_enable_lora_is_refused_naming_both_flags(qwen3_lora_model: Path) -> None:
+    args = [str(qwen3_lora_model), *[f for f in FLAGS if f != "--enable-lora"]]
+    proc = subprocess.run([*ENGINE, "serve", *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "--lora-merge-single-adapter needs --enable-lora" in proc.stderr
+
+
 def test_quantized_model_is_refused_naming_the_flag(qwen3_lora_model: Path) -> None:
     args = [str(qwen3_lora_model), *FLAGS, "--quantization", "fp8"]
     proc = subprocess.run([*ENGINE, "serve", *args], capture_output=True, text=True, timeout=120)

@@ -36,6 +36,8 @@ class LoRAConfig:
     def from_engine_args(cls, args: EngineArgs) -> LoRAConfig | None:
         """None without ``--enable-lora``."""
         if not args.enable_lora:
+            if args.lora_merge_single_adapter:
+                raise ValueError("--lora-merge-single-adapter needs --enable-lora")
             return None
         if args.tensor_parallel_size > 1:
             raise ValueError(

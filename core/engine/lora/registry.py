@@ -187,6 +187,8 @@ def build_lora_registry(engine_args: Any, server_args: Any, served_names: list[s
             raise LoRAAdapterError(
                 "--lora-modules and --allow-runtime-lora-updating need --enable-lora"
             )
+        if engine_args.lora_merge_single_adapter:
+            raise LoRAAdapterError("--lora-merge-single-adapter needs --enable-lora")
         return None
     if server_args.allow_runtime_lora_updating and server_args.lora_root is None:
         raise LoRAAdapterError(
