@@ -5,7 +5,8 @@
 #          adapter_merged), then the row-GEMV tile sweep (benchmarks/rows_gemv_gpu.py: the
 #          four launches of a layer at one token, bf16 / FP8 / AWQ, AWQ and FP8 tiles
 #          swept), which writes the AWQ tile table into $OUT/tuned (copy it to
-#          plugins/awq/engine_awq/tuned/ for the next call).
+#          plugins/awq/engine_awq/tuned/ for the next call) and into the installed plugin
+#          for W2 on the 0.6B shape (bf16, FP8 rows with 2 and 4 rows a program, AWQ rows).
 #   w2:    the GPU tests of both row GEMVs, then W2 (batch 1, 128 in / 256 out) on the
 #          shapes in W2_SHAPES (default qwen06b,llama8b): bf16, FP8 rows (2 and 4 rows a
 #          program), AWQ rows with the tree's measured tiles and with the built-in default.
@@ -17,11 +18,17 @@ echo "$name"
 case "$name" in *H100*) BW=3350 ;; *) BW=4100 ;; esac
 source benchmarks/device_install.sh
 if [ "$MODE" = sweep ]; then
-    py "${LORA_SECONDS:-220}" benchmarks/lora_gpu.py --parts decode --out "$OUT/lora_decode.json" \
+    py "${LORA_SECONDS:-160}" benchmarks/lora_gpu.py --parts decode \
+        --decode-runs "${LORA_RUNS:-base,adapter,adapter_merged}" --out "$OUT/lora_decode.json" \
         2>&1 | grep -v "Warning\|warn" | tail -6
-    py "${SWEEP_TIMEOUT:-280}" benchmarks/rows_gemv_gpu.py --sweep-s "${SWEEP_S:-200}" \
+    py "${SWEEP_TIMEOUT:-210}" benchmarks/rows_gemv_gpu.py --sweep-s "${SWEEP_S:-150}" \
         --copy-gbps "$BW" --out "$OUT/rows_gemv.json" --write-tuned "$OUT/tuned" 2>&1 \
         | grep -v "^   \|\.\.\.$" | tee "$OUT/rows_gemv.txt" | tail -40
+    # the measured AWQ tiles into the installed plugin, then W2 on the 0.6B shape
+    cp "$OUT"/tuned/engine_awq/*.json /tmp/site2/engine_awq/tuned/ && echo "AWQ tiles installed"
+    py "${W2_SECONDS:-170}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes qwen06b \
+        --variants "${W2_VARIANTS:-bf16,fp8_rows,fp8_rows4,awq_rows}" --out "$OUT/w2_qwen06b.json" \
+        2>&1 | tail -8
 fi
 if [ "$MODE" = w2 ]; then
     py 90 -m pytest -q -p no:cacheprovider plugins/fp8/tests/test_fp8_row_gemv.py \
