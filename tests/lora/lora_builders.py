@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+
+# `engine serve` in a subprocess, and the flags every CPU server test of a tiny model takes
+ENGINE = [sys.executable, "-m", "engine.cli.main"]
+CPU_SERVE_FLAGS = [
+    "--device", "cpu", "--dtype", "float32", "--max-model-len", "256",
+    "--kv-cache-memory-bytes", str(4 * 1024 * 1024), "--served-model-name", "tiny",
+]  # fmt: skip
 
 
 def build_adapter(

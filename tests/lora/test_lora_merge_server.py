@@ -6,7 +6,6 @@ on a quantized model is a startup error that names it."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,17 +13,12 @@ import httpx
 import openai
 import pytest
 from engine_sdk.testing.server import ServerProcess, free_port
-from lora_builders import build_adapter, hf_lora_greedy
+from lora_builders import CPU_SERVE_FLAGS, ENGINE, build_adapter, hf_lora_greedy
 
 pytestmark = pytest.mark.timeout(300)
 
 PROMPT = [5, 17, 42, 99, 7, 3]
-ENGINE = [sys.executable, "-m", "engine.cli.main"]
-FLAGS = [
-    "--device", "cpu", "--dtype", "float32", "--max-model-len", "256",
-    "--kv-cache-memory-bytes", str(4 * 1024 * 1024), "--served-model-name", "tiny",
-    "--enable-lora", "--max-lora-rank", "16", "--lora-merge-single-adapter",
-]  # fmt: skip
+FLAGS = [*CPU_SERVE_FLAGS, "--enable-lora", "--max-lora-rank", "16", "--lora-merge-single-adapter"]
 
 
 @pytest.fixture(scope="module")

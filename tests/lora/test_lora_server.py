@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,19 +17,14 @@ import openai
 import pytest
 from engine_sdk.testing.models import build_tiny_model
 from engine_sdk.testing.server import ServerProcess, free_port
-from lora_builders import build_adapter, hf_lora_greedy
+from lora_builders import CPU_SERVE_FLAGS, ENGINE, build_adapter, hf_lora_greedy
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.timeout(300)
 
 KEY = "lora-test-key"
 PROMPT = [5, 17, 42, 99, 7, 3]
-ENGINE = [sys.executable, "-m", "engine.cli.main"]
-FLAGS = [
-    "--device", "cpu", "--dtype", "float32", "--max-model-len", "256",
-    "--kv-cache-memory-bytes", str(4 * 1024 * 1024), "--max-num-seqs", "16",
-    "--served-model-name", "tiny", "--metrics-compat", "vllm",
-]  # fmt: skip
+FLAGS = [*CPU_SERVE_FLAGS, "--max-num-seqs", "16", "--metrics-compat", "vllm"]
 
 
 @pytest.fixture(scope="module")
