@@ -26,7 +26,7 @@ if [ "$MODE" = sweep ]; then
         | grep -v "^   \|\.\.\.$" | tee "$OUT/rows_gemv.txt" | tail -40
     # the measured AWQ tiles into the installed plugin, then W2 on the 0.6B shape
     cp "$OUT"/tuned/engine_awq/*.json /tmp/site2/engine_awq/tuned/ && echo "AWQ tiles installed"
-    py "${W2_SECONDS:-170}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes qwen06b \
+    [ "${W2_VARIANTS:-}" = none ] || py "${W2_SECONDS:-170}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes qwen06b \
         --variants "${W2_VARIANTS:-bf16,fp8_rows,fp8_rows4,awq_rows}" --out "$OUT/w2_qwen06b.json" \
         2>&1 | tail -8
 fi
