@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 for _folder in ("plugins/fp8", "plugins/awq", "core", "sdk"):
     sys.path.insert(0, str(REPO / _folder))
 
+import quant_gemv_gpu  # noqa: E402
 import torch  # noqa: E402
 from report import git_commit, table  # noqa: E402
 
@@ -55,7 +56,7 @@ MODELS = {
     "Qwen3-0.6B": (1024, 4096, 2048, 3072),
 }
 SMOKE_MODELS = {"tiny": (256, 384, 256, 384)}
-GROUP = 128
+GROUP = quant_gemv_gpu.GROUP  # the group size of Projection's AWQ weights
 TOLERANCE = 1e-2
 TUNED_MIN_GAIN = 0.03
 EPS = 1e-6
@@ -71,38 +72,21 @@ def launches(hidden: int, qkv: int, attn: int, inter: int) -> list[tuple[str, st
             ("gate_up", "gated", 2 * inter, hidden), ("down", "plain", hidden, inter)]  # fmt: skip
 
 
-class Weights:
-    """One launch's weights in the three formats, with copies that exceed the L2."""
-
-    def __init__(self, rows: int, k: int, device: torch.device, l2_bytes: int) -> None:
-        from engine_awq.tiled import pick_chunk
-        from engine_fp8 import quant_ops
-
-        gen = torch.Generator(device=device).manual_seed(rows * 7 + k)
-        bf16 = (torch.randn(rows, k, device=device, generator=gen) * 0.02).to(torch.bfloat16)
-        q8, s8 = quant_ops.quantize_per_channel(bf16)
-        self.chunk = pick_chunk(k, GROUP)
-        assert self.chunk is not None
-        qweight = torch.randint(-(2**31), 2**31, (rows, k // 8), device=device,
-                                dtype=torch.int32, generator=gen)  # fmt: skip
-        zeros = torch.randint(0, 16, (k // GROUP, rows), device=device, generator=gen)
-        scales = torch.rand(k // GROUP, rows, device=device, generator=gen) * 4e-3 + 1e-3
-        self.bytes = {"bf16": bf16.numel() * 2, "fp8": q8.numel() + s8.numel() * 4,
-                      "awq": qweight.numel() * 4 + zeros.numel() + scales.numel() * 2}  # fmt: skip
-        one = {"bf16": (bf16,), "fp8": (q8, s8.reshape(-1).contiguous()),
-               "awq": (qweight, zeros.to(torch.uint8), scales.half())}  # fmt: skip
-        self.copies: dict[str, list[tuple[torch.Tensor, ...]]] = {}
-        for family, tensors in one.items():
-            count = 1 if device.type != "cuda" else max(1, -(-l2_bytes // self.bytes[family]))
-            self.copies[family] = [tensors] + [
-                tuple(t.clone() for t in tensors) for _ in range(count - 1)
-            ]
+# this script's format names -> quant_gemv_gpu.Projection's weight families (FP8 with one
+# float32 scale per row, as online --quantization fp8 stores it)
+FAMILIES = {"bf16": "bf16", "fp8": "fp8c", "awq": "awq"}
 
 
-def call(family: str, kind: str, w: Weights, acts: tuple, tile: Any) -> Callable[[tuple], Any]:
+def copies(p: Any, family: str) -> list[tuple[torch.Tensor, ...]]:
+    """The weight copies (``quant_gemv_gpu.Projection.copies``, enough to exceed the L2)
+    of one format, without the split-K counters the row GEMVs do not use."""
+    return [tensors for tensors, _ in p.copies(FAMILIES[family])]
+
+
+def call(family: str, kind: str, p: Any, acts: tuple, tile: Any) -> Callable[[tuple], Any]:
     """fn(weight copy) -> output for one format and launch kind; ``tile``: an AWQ
     ``RowsTile``, an FP8 plain ``(block_n, block_k, warps)`` or an FP8 norm/gated
-    ``block_n`` (None: the default)."""
+    ``block_n`` (None: the default). ``p``: the launch's ``quant_gemv_gpu.Projection``."""
     from engine_awq import rows
     from engine_sdk.layers import gemv
 
@@ -110,9 +94,9 @@ def call(family: str, kind: str, w: Weights, acts: tuple, tile: Any) -> Callable
     gated = kind == "gated"
     if family == "awq":
         if kind == "plain":
-            return lambda t: rows.awq_rows(x, *t, GROUP, w.chunk, None, tile)
+            return lambda t: rows.awq_rows(x, *t, GROUP, p.awq[3], None, tile)
         return lambda t: rows.awq_rows_add_rms_norm(
-            x, residual, nw, EPS, *t, GROUP, w.chunk, None, gated, tile
+            x, residual, nw, EPS, *t, GROUP, p.awq[3], None, gated, tile
         )[0]
     scale = (lambda t: t[1]) if family == "fp8" else (lambda t: None)
     if kind == "plain":
@@ -157,7 +141,6 @@ def main() -> int:  # noqa: PLR0915
         device, models = torch.device("cuda"), MODELS
     if args.models:
         models = {name: models[name] for name in args.models.split(",")}
-    import quant_gemv_gpu
     import triton
     from engine_awq.rows import RowsTile
 
@@ -169,13 +152,13 @@ def main() -> int:  # noqa: PLR0915
     sweeps: list[dict[str, Any]] = []
     errors: list[str] = []
 
-    def timed(family: str, kind: str, w: Weights, acts: tuple, tile: Any, want: Any) -> Any:
-        fn = call(family, kind, w, acts, tile)
+    def timed(family: str, kind: str, p: Any, acts: tuple, tile: Any, want: Any) -> Any:
+        fn = call(family, kind, p, acts, tile)
         try:
-            if want is not None and rel_err(fn(w.copies[family][0]), want) > TOLERANCE:
+            if want is not None and rel_err(fn(copies(p, family)[0]), want) > TOLERANCE:
                 errors.append(f"{family} {kind} {tile}: output differs from the default tile's")
                 return None
-            ms, _ = timer([lambda t=t: fn(t) for t in w.copies[family]])
+            ms, _ = timer([lambda t=t: fn(t) for t in copies(p, family)])
         except Exception as exc:  # a tile that fails to compile must not end the run
             errors.append(f"{family} {kind} {tile}: {type(exc).__name__}: {str(exc)[:200]}")
             return None
@@ -187,7 +170,7 @@ def main() -> int:  # noqa: PLR0915
         for model, dims in models.items():
             for proj, kind, rows, k in launches(*dims):
                 print(f"{model} {proj} ({kind}, {rows} x {k}) ...", flush=True)
-                w = Weights(rows, k, device, quant_gemv_gpu.L2_BYTES)
+                p = quant_gemv_gpu.Projection(rows, k, device)
                 gen = torch.Generator(device=device).manual_seed(k)
                 x = torch.randn(1, k, device=device, generator=gen).to(torch.bfloat16)
                 residual = torch.randn(1, k, device=device, generator=gen).to(torch.bfloat16)
@@ -200,10 +183,11 @@ def main() -> int:  # noqa: PLR0915
                 wants = {}
                 for family in ("bf16", "fp8", "awq"):
                     tile = RowsTile() if family == "awq" else None
-                    wants[family] = call(family, kind, w, acts, tile)(w.copies[family][0])
-                    row[family] = timed(family, kind, w, acts, tile, None)
+                    wants[family] = call(family, kind, p, acts, tile)(copies(p, family)[0])
+                    row[family] = timed(family, kind, p, acts, tile, None)
                     out_bytes = 2 * (rows // 2 if kind == "gated" else rows)
-                    moved = w.bytes[family] + 2 * k * (3 if kind != "plain" else 1) + out_bytes
+                    acts_bytes = 2 * k * (3 if kind != "plain" else 1)
+                    moved = p.nbytes[FAMILIES[family]] + acts_bytes + out_bytes
                     if row[family]:
                         gbps = moved / (row[family] * 1e-6) / 1e9
                         row[f"{family}%"] = 100 * gbps / args.copy_gbps
@@ -215,13 +199,13 @@ def main() -> int:  # noqa: PLR0915
                 for bn, bk in pairs:
                     if time.time() < deadline:
                         tile = RowsTile(bn, min(bk, triton.next_power_of_2(k)))
-                        tried[tile] = timed("awq", kind, w, acts, tile, wants["awq"]) or 1e9
+                        tried[tile] = timed("awq", kind, p, acts, tile, wants["awq"]) or 1e9
                 if tried:
                     best = min(tried, key=tried.__getitem__)
                     for nwarps, stages in options:
                         if time.time() < deadline:
                             tile = best._replace(num_warps=nwarps, num_stages=stages)
-                            tried[tile] = timed("awq", kind, w, acts, tile, wants["awq"]) or 1e9
+                            tried[tile] = timed("awq", kind, p, acts, tile, wants["awq"]) or 1e9
                 fp8_tiles: list[Any] = list(FP8_BLOCK_NS)
                 if kind == "plain":
                     fp8_tiles = [(bn, min(bk, triton.next_power_of_2(k)), nw_)
@@ -229,7 +213,7 @@ def main() -> int:  # noqa: PLR0915
                 fp8_tried: dict[Any, float] = {}
                 for tile in fp8_tiles[:2] if args.smoke else fp8_tiles:
                     if time.time() < deadline:
-                        fp8_tried[tile] = timed("fp8", kind, w, acts, tile, wants["fp8"]) or 1e9
+                        fp8_tried[tile] = timed("fp8", kind, p, acts, tile, wants["fp8"]) or 1e9
                 for family, found in (("awq", tried), ("fp8", fp8_tried)):
                     sweeps += [{"model": model, "proj": proj, "family": family, "tile": list(t)
                                 if isinstance(t, tuple) else t, "us": us}
@@ -242,7 +226,7 @@ def main() -> int:  # noqa: PLR0915
                 print("   ", {c: round(row[c], 2) for c in ("bf16", "fp8", "awq", "awq_best",
                                                              "fp8_best") if row.get(c)},
                       row.get("awq_tile"), row.get("fp8_tile"), flush=True)  # fmt: skip
-                del w
+                del p
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     print(f"\n== us per call (CUDA graph, weights from HBM); % of {args.copy_gbps:.0f} GB/s ==")
