@@ -41,3 +41,22 @@ def test_awq_row_gemv_takes_one_token_by_default(env: dict, limit: int) -> None:
     out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == limit
+
+
+@pytest.mark.parametrize(
+    "env,sweep",
+    [({}, False), ({"ENGINE_AWQ_ROWS_BLOCK_N": "8"}, True),
+     ({"ENGINE_AWQ_ROWS_BLOCK_K": "1024"}, True)],
+)  # fmt: skip
+def test_awq_row_tile_switches_bypass_the_tuned_table(env: dict, sweep: bool) -> None:
+    """Either row-tile switch, set at import, makes every launch take the environment's
+    tile instead of the GPU's measured one (``engine_awq.rows.SWEEP_TILE``)."""
+    names = ("ENGINE_AWQ_ROWS_BLOCK_N", "ENGINE_AWQ_ROWS_BLOCK_K")
+    environ = {k: v for k, v in os.environ.items() if k not in names} | env
+    code = "import engine_awq.rows as r; t = r.RowsTile(); print(r.SWEEP_TILE, *t[:2])"
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    flag, block_n, block_k = out.stdout.split()
+    assert flag == str(sweep)
+    assert int(block_n) == int(env.get("ENGINE_AWQ_ROWS_BLOCK_N", 4))
+    assert int(block_k) == int(env.get("ENGINE_AWQ_ROWS_BLOCK_K", 2048))

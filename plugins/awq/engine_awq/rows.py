@@ -67,6 +67,8 @@ __all__ = [
 NORM_MAX_K = ROWS_NORM_MAX_K
 ROWS_BLOCK_N = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_N", "4"))
 ROWS_BLOCK_K = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_K", "2048"))
+# a sweep's tile from the environment: every launch takes it, the GPU's table is not read
+SWEEP_TILE = any(f"ENGINE_AWQ_ROWS_BLOCK_{x}" in os.environ for x in "NK")
 
 
 class RowsTile(NamedTuple):
@@ -85,9 +87,9 @@ def rows_tile(
     """The tile for ``launch`` (``plain`` | ``norm`` | ``gated``) of ``num_tokens`` rows over
     a weight of ``weight_rows`` (the merged ``[gate | up]`` rows when gated) x ``num_in``: the
     GPU's measured one (the module docstring), else the default :class:`RowsTile`. The
-    environment's ``ENGINE_AWQ_ROWS_BLOCK_N`` / ``_BLOCK_K``, when set, win over the table
-    (sweeps time the defaults they set)."""
-    if "ENGINE_AWQ_ROWS_BLOCK_N" in os.environ or "ENGINE_AWQ_ROWS_BLOCK_K" in os.environ:
+    environment's ``ENGINE_AWQ_ROWS_BLOCK_N`` / ``_BLOCK_K``, when set at import
+    (``SWEEP_TILE``, read once like the defaults they set), win over the table."""
+    if SWEEP_TILE:
         return RowsTile()
     kernel = f"awq_rows_{launch}_c{chunk}"
     found = tuned_config("engine_awq", kernel, device, weight_rows, num_in, num_tokens)

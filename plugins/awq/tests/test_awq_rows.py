@@ -237,14 +237,13 @@ def test_tile_comes_from_the_measured_table(monkeypatch: pytest.MonkeyPatch) -> 
         return table.get((kernel, n, k, tokens))
 
     monkeypatch.setattr(rows, "tuned_config", lookup)
-    for name in ("ENGINE_AWQ_ROWS_BLOCK_N", "ENGINE_AWQ_ROWS_BLOCK_K"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(rows, "SWEEP_TILE", False)
     cpu = torch.device("cpu")
     assert rows.rows_tile(cpu, "gated", 1, 28672, 4096, 128) == RowsTile(8, 1024, 2, 1)
     assert asked[-1] == ("engine_awq", "awq_rows_gated_c128", 28672, 4096, 1)
     assert rows.rows_tile(cpu, "plain", 1, 28672, 4096, 128) == RowsTile()
     assert asked[-1][1] == "awq_rows_plain_c128"
-    monkeypatch.setenv("ENGINE_AWQ_ROWS_BLOCK_N", "4")
+    monkeypatch.setattr(rows, "SWEEP_TILE", True)  # ENGINE_AWQ_ROWS_BLOCK_N/_K at import
     assert rows.rows_tile(cpu, "gated", 1, 28672, 4096, 128) == RowsTile()
 
 
