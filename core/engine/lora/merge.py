@@ -67,7 +67,7 @@ class AdapterMerger:
         self.originals = [layer.weight.detach().clone() for layer in self.layers]
         self.merged: int | None = None  # the lora_int_id in the weights now
         self._streak: tuple[int | None, int] = (None, 0)  # (single adapter, steps in a row)
-        self.merges = 0  # merges done (tests, logs)
+        self.merges = 0  # merges done (tests, the debug log)
 
     @property
     def nbytes(self) -> int:
@@ -106,7 +106,7 @@ class AdapterMerger:
                 offset += size
         self.merged = lora_int_id
         self.merges += 1
-        logger.debug("LoRA adapter %d merged into the weights", lora_int_id)
+        logger.debug("LoRA adapter %d merged into the weights (merge %d)", lora_int_id, self.merges)
 
     def restore(self) -> None:
         """The base weights back, exactly."""
