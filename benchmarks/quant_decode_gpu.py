@@ -9,14 +9,16 @@ Run from the repository root with Engine importable (installed or on ``PYTHONPAT
 ``--model`` is a Qwen3-0.6B-shaped folder (config and tokenizer; weights are dummy); the
 Llama-3.1-8B shape reuses its tokenizer. Online FP8 comes from ``--quantization fp8``, AWQ
 from a copy of the folder whose config declares AutoAWQ 4-bit (group 128). ``fp8_rows``:
-the SDK's row GEMV with the fp8 weight at one row (the default; ``fp8_rows4`` four weight
-rows a program), ``fp8_gemv``: the plugin's split-K GEMV (``ENGINE_FP8_ROW_GEMV=0``),
-``awq_rows``: the AWQ row GEMV at one token (:mod:`engine_awq.rows`, the default, with
-the GPU's measured tiles where its table has them; ``awq_rows_default`` the built-in tile
-on every launch, ``awq_rows8`` eight columns a program over 1024 activations a step,
-``awq_rows_k4096`` 4096 activations a step), ``awq_gemv``: its split-K GEMV
-(``ENGINE_AWQ_ROW_GEMV=0``), ``old`` rows ``ENGINE_QUANT_GEMV=0``. The table gives ms per
-output token and the ratio to bf16 of the same shape (< 1: faster than bf16).
+the SDK's row GEMV with the fp8 weight at one row (the default: 4 weight rows a program,
+2 gate rows in the gated launch; ``fp8_rows4`` 4 rows in the plain and norm launches with
+the gated default, ``fp8_rows2`` round 14's 2 and 1), ``fp8_gemv``: the plugin's split-K
+GEMV (``ENGINE_FP8_ROW_GEMV=0``), ``awq_rows``: the AWQ row GEMV at one token
+(:mod:`engine_awq.rows`, the default, with the GPU's measured tiles where its table has
+them; ``awq_rows_default`` the built-in tile on every launch, ``awq_rows8`` eight columns
+a program over 1024 activations a step, ``awq_rows_k4096`` 4096 activations a step),
+``awq_gemv``: its split-K GEMV (``ENGINE_AWQ_ROW_GEMV=0``), ``old`` rows
+``ENGINE_QUANT_GEMV=0``. The table gives ms per output token and the ratio to bf16 of the
+same shape (< 1: faster than bf16).
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ VARIANTS: list[tuple[str, str, list[str], dict[str, str | None]]] = [
         "base",
         ["--quantization", "fp8"],
         {"ENGINE_QUANT_GEMV": "1", "ENGINE_GEMV_FP8_BLOCK_N": "4"},
+    ),
+    (  # round 14's tiles: bf16's rows a program (2 plain and norm, 1 gated)
+        "fp8_rows2",
+        "base",
+        ["--quantization", "fp8"],
+        {
+            "ENGINE_QUANT_GEMV": "1",
+            "ENGINE_GEMV_FP8_BLOCK_N": "2",
+            "ENGINE_GEMV_FP8_GATED_BLOCK_N": "1",
+        },
     ),
     (
         "fp8_gemv",

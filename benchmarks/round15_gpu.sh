@@ -27,13 +27,13 @@ if [ "$MODE" = sweep ]; then
     # the measured AWQ tiles into the installed plugin, then W2 on the 0.6B shape
     cp "$OUT"/tuned/engine_awq/*.json /tmp/site2/engine_awq/tuned/ && echo "AWQ tiles installed"
     [ "${W2_VARIANTS:-}" = none ] || py "${W2_SECONDS:-170}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes qwen06b \
-        --variants "${W2_VARIANTS:-bf16,fp8_rows,fp8_rows4,awq_rows}" --out "$OUT/w2_qwen06b.json" \
+        --variants "${W2_VARIANTS:-bf16,fp8_rows,fp8_rows2,awq_rows}" --out "$OUT/w2_qwen06b.json" \
         2>&1 | tail -8
 fi
 if [ "$MODE" = w2 ]; then
     py 90 -m pytest -q -p no:cacheprovider plugins/fp8/tests/test_fp8_row_gemv.py \
         plugins/awq/tests/test_awq_rows.py 2>&1 | tail -2
-    VARIANTS="${W2_VARIANTS:-bf16,fp8_rows,fp8_rows4,awq_rows,awq_rows_default}"
+    VARIANTS="${W2_VARIANTS:-bf16,fp8_rows,fp8_rows2,awq_rows,awq_rows_default}"
     for shape in ${W2_SHAPES:-qwen06b llama8b}; do
         py "${W2_SECONDS:-230}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 \
             --shapes "$shape" --variants "$VARIANTS" --out "$OUT/w2_$shape.json" 2>&1 | tail -8

@@ -103,14 +103,14 @@ def call(family: str, kind: str, p: Any, acts: tuple, tile: Any) -> Callable[[tu
         return lambda t: gemv.gemv(x, t[0], None, tile, scale=scale(t))
 
     def norm(t: tuple) -> Any:
-        saved = gemv.FP8_BLOCK_N, gemv.GATED_BLOCK_N
+        saved = gemv.FP8_BLOCK_N, gemv.FP8_GATED_BLOCK_N
         if tile is not None:  # module constants, read at the launch
-            gemv.FP8_BLOCK_N = gemv.GATED_BLOCK_N = tile
+            gemv.FP8_BLOCK_N = gemv.FP8_GATED_BLOCK_N = tile
         try:
             out = gemv.gemv_add_rms_norm(x, residual, nw, EPS, t[0], gated=gated, scale=scale(t))
             return out[0]
         finally:
-            gemv.FP8_BLOCK_N, gemv.GATED_BLOCK_N = saved
+            gemv.FP8_BLOCK_N, gemv.FP8_GATED_BLOCK_N = saved
 
     return norm
 

@@ -282,7 +282,7 @@ def test_gemv_add_rms_norm_with_a_float8_weight(gated):
     """The add+RMSNorm launch (and its gated SiLU form) over an e4m3 weight with per-row
     scales equals the float32 reference of norm, dequantized projection (gate and up
     rounded to the dtype), SiLU-and-mul; the new residual is exact."""
-    rows, inter, k = 2, 20, 300
+    rows, inter, k = 2, 21, 300  # odd: the last program of 2 or 4 rows is masked
     n = 2 * inter
     gen = torch.Generator().manual_seed(5 + gated)
     q, scale, deq = _fp8_weight(n, k, gen, per_row=True)
@@ -305,3 +305,32 @@ def test_gemv_add_rms_norm_with_a_float8_weight(gated):
         tol = 4 * torch.finfo(torch.bfloat16).eps * (h.abs() @ deq.abs().T) + 1e-3
     assert got.shape == want.shape
     assert bool(((got.float().cpu() - want).abs() <= tol).all())
+
+
+def test_float8_launches_take_twice_bf16s_rows_a_program(monkeypatch):
+    """A float8 weight's add+RMSNorm and gated launches give each program twice bf16's
+    weight rows (the same bytes a program: FP8_BLOCK_N, FP8_GATED_BLOCK_N), and the grid
+    covers the output with them; bf16 keeps its own. A float8 gated launch that fell back
+    to bf16's GATED_BLOCK_N would run twice the programs it should."""
+    launches: list[tuple[tuple[int, ...], int, bool]] = []
+
+    class Launcher:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, kw["BLOCK_N"], kw["GATED"]))
+
+    monkeypatch.setattr(gemv, "_norm_kernel", lambda: Launcher())
+    gen = torch.Generator().manual_seed(3)
+    inter, k = 21, 64
+    q, scale, deq = _fp8_weight(2 * inter, k, gen, per_row=True)
+    x = torch.randn(1, k, generator=gen).to(torch.bfloat16)
+    norm_w = torch.ones(k, dtype=torch.bfloat16)
+    for weight, w_scale in ((q.cpu(), scale.cpu()), (deq.to(torch.bfloat16), None)):
+        for gated in (False, True):
+            gemv.gemv_add_rms_norm(x, x, norm_w, 1e-6, weight, gated=gated, scale=w_scale)
+    (fp8_norm, fp8_gated, bf16_norm, bf16_gated) = launches
+    assert fp8_norm[1] == gemv.FP8_BLOCK_N == 2 * bf16_norm[1]
+    assert fp8_gated[1] == gemv.FP8_GATED_BLOCK_N == 2 * gemv.GATED_BLOCK_N == 2 * bf16_gated[1]
+    assert [g for _, _, g in launches] == [False, True, False, True]
+    for grid, block_n, gated in launches:  # every output row (gate row when gated) once
+        rows = inter if gated else 2 * inter
+        assert grid == (-(-rows // block_n),)

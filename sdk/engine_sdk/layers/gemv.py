@@ -32,7 +32,8 @@ with one float32 scale or one per output row and apply it to the float32 sum, so
 weight-only FP8 projection at one row is the bf16 launch reading half the bytes, the add +
 RMSNorm and the gated SiLU included (``engine_fp8`` routes its tensor and channel layouts
 here; block scales keep its split-K kernel). ``FP8_BLOCK_N`` (``ENGINE_GEMV_FP8_BLOCK_N``)
-sets the rows per program of the plain and add+RMSNorm launches for float8 weights.
+and ``FP8_GATED_BLOCK_N`` set the rows per program of the launches for float8 weights
+(twice bf16's, the same bytes a program).
 
 Measured on an H200 (``benchmarks/decode_kernels_gpu.py --sweep``, 2026-12-04, weights
 read from HBM, inside CUDA graphs), microseconds, cuBLAS -> this kernel:
@@ -76,9 +77,14 @@ GATED_BLOCK_N = int(os.environ.get("ENGINE_GATED_BLOCK_N", "1"))
 # fewer times (round 11: the epilogue added 1-2 us to each GEMV). Default: the plain
 # kernel's 2, until a sweep (ENGINE_LORA_GEMV_BLOCK_N, a power of two) measures better.
 LORA_BLOCK_N = int(os.environ.get("ENGINE_LORA_GEMV_BLOCK_N", "2"))
-# Weight rows per program for float8 weights (plain and add+RMSNorm GEMVs; the gated one
-# keeps GATED_BLOCK_N): the bf16 kernel's 2 until a sweep measures better.
-FP8_BLOCK_N = int(os.environ.get("ENGINE_GEMV_FP8_BLOCK_N", "2"))
+# Weight rows per program for float8 weights: twice bf16's, so that a program reads as
+# many bytes as bf16's measured best. Plain and add+RMSNorm launches 4 (bf16 2), the gated
+# launch 2 gate rows and as many up rows (bf16 1). H100, 2026-12-07 (rows_gemv_gpu.py,
+# Qwen3-0.6B at one token): q/k/v with the norm 4.19 -> 3.91 us, gate/up gated 5.70 ->
+# 4.74, o and down within 2% either way (also on the Llama-8B shape); W2 with 4 rows a
+# program 0.95x bf16's in the same call. ENGINE_GEMV_FP8_BLOCK_N / _GATED_BLOCK_N: sweeps.
+FP8_BLOCK_N = int(os.environ.get("ENGINE_GEMV_FP8_BLOCK_N", "4"))
+FP8_GATED_BLOCK_N = int(os.environ.get("ENGINE_GEMV_FP8_GATED_BLOCK_N", "2"))
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -326,8 +332,8 @@ def gemv_add_rms_norm(
     block_k = max(16, 1 << (k - 1).bit_length())
     block_m = max(1, 1 << (num_rows - 1).bit_length())
     block_n = GATED_BLOCK_N if gated else LORA_BLOCK_N if lora is not None else 2
-    if scale_mode and not gated:
-        block_n = FP8_BLOCK_N
+    if scale_mode:
+        block_n = FP8_GATED_BLOCK_N if gated else FP8_BLOCK_N
     lora_args, lora_constants = _lora_args(lora, weight)
     extra = 0 if lora is None else lora.extra_programs
     _norm_kernel()[(-(-n // block_n) + extra,)](  # type: ignore[index]
