@@ -160,13 +160,17 @@ def test_gated_gemv_add_rms_norm_kernel(block_n: int, block_k: int, warps: int) 
 def test_gemv_kernels_with_a_float8_weight(scale: int) -> None:
     """The row GEMVs over an e4m3 weight (``engine_fp8``'s tensor and channel layouts at
     one row): plain, add+RMSNorm and gated, the scale a float32 pointer; the codes are
-    widened from e4m3 in registers (``cvt`` from ``e4m3x2``)."""
+    widened from e4m3 in registers (``cvt`` from ``e4m3x2``). The rows a program are the
+    ones the launches take (``FP8_BLOCK_N``, ``FP8_GATED_BLOCK_N``)."""
+    from engine_sdk.layers import gemv
+
     types = {"w_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
     base = {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_K": 1024, "LORA": False, "SCALE": scale}
-    report = _compile(_GEMV, "gemv_kernel", {**base, "BLOCK_N": 2}, types=types)
+    plain = {**base, "BLOCK_N": gemv.FP8_BLOCK_N}
+    report = _compile(_GEMV, "gemv_kernel", plain, types=types)
     assert "e4m3" in report["ptx"]
-    _compile(_GEMV, "gemv_add_rms_norm_kernel", {**base, "BLOCK_N": 2}, types=types)
-    gated = {**base, "BLOCK_N": 1, "GATED": True}
+    _compile(_GEMV, "gemv_add_rms_norm_kernel", plain, types=types)
+    gated = {**base, "BLOCK_N": gemv.FP8_GATED_BLOCK_N, "GATED": True}
     _compile(_GEMV, "gemv_add_rms_norm_kernel", gated, types=types)
 
 
