@@ -54,3 +54,35 @@ def test_mixed_batch_matches_peft_on_cuda(qwen3_lora_model: Path, adapters, enfo
         for n, p in zip(names, PROMPTS, strict=True)
     ]
     assert [o.outputs[0].token_ids for o in outs] == want
+
+
+def test_merged_adapter_in_cuda_graphs_matches_peft(qwen3_lora_model: Path, adapters) -> None:
+    """``--lora-merge-single-adapter`` on the GPU: each adapter alone is merged into the
+    weights and decodes in the base CUDA graphs (async scheduling on, the merge queued
+    behind the step in flight), base requests between them run on the restored weights,
+    and a mixed batch runs the LoRA kernels: every answer equals PEFT's."""
+    llm = LLM(
+        str(qwen3_lora_model), device="cuda", dtype="float32", enable_lora=True, max_loras=3,
+        max_lora_rank=16, gpu_memory_utilization=0.2, lora_merge_single_adapter=True,
+    )  # fmt: skip
+    assert llm.engine.runner.cuda_graphs is not None
+    loras = {n: LoRARequest(n, i + 1, str(p)) for i, (n, p) in enumerate(adapters.items())}
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    prompts = PROMPTS[:3]
+    for name in ("alpha", None, "gamma", "beta", None):
+        outs = llm.generate(prompts, params, use_tqdm=False, lora_request=loras.get(name or ""))
+        want = [
+            hf_lora_greedy(qwen3_lora_model, None if name is None else adapters[name], p, 12)
+            for p in prompts
+        ]
+        assert [o.outputs[0].token_ids for o in outs] == want, name
+    merger = llm.engine.runner.lora.merger
+    assert merger is not None and merger.merges == 3
+    mixed = [loras["alpha"], None, loras["beta"]]
+    outs = llm.generate(prompts, params, use_tqdm=False, lora_request=mixed)
+    want = [
+        hf_lora_greedy(qwen3_lora_model, None if n is None else adapters[n], p, 12)
+        for n, p in zip(("alpha", None, "beta"), prompts, strict=True)
+    ]
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert merger.merges == 3
