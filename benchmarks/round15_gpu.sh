@@ -7,9 +7,10 @@
 #          swept), which writes the AWQ tile table into $OUT/tuned (copy it to
 #          plugins/awq/engine_awq/tuned/ for the next call) and into the installed plugin
 #          for W2 on the 0.6B shape (bf16, FP8 rows with 2 and 4 rows a program, AWQ rows).
-#   w2:    the GPU tests of both row GEMVs, then W2 (batch 1, 128 in / 256 out) on the
-#          shapes in W2_SHAPES (default qwen06b,llama8b): bf16, FP8 rows (2 and 4 rows a
-#          program), AWQ rows with the tree's measured tiles and with the built-in default.
+#   w2:    the GPU tests of the row GEMVs (bf16, FP8, AWQ) and of LoRA (the merged adapter
+#          in CUDA graphs included), then W2 (batch 1, 128 in / 256 out) on the shapes in
+#          W2_SHAPES (default qwen06b,llama8b): bf16, FP8 rows (today's rows a program and
+#          round 14's), AWQ rows with the tree's measured tiles and with the built-in default.
 set -uo pipefail
 MODE="${1:-sweep}"
 export PYTHONUNBUFFERED=1
@@ -31,8 +32,9 @@ if [ "$MODE" = sweep ]; then
         2>&1 | tail -8
 fi
 if [ "$MODE" = w2 ]; then
-    py 90 -m pytest -q -p no:cacheprovider plugins/fp8/tests/test_fp8_row_gemv.py \
-        plugins/awq/tests/test_awq_rows.py 2>&1 | tail -2
+    py 150 -m pytest -q -p no:cacheprovider plugins/fp8/tests/test_fp8_row_gemv.py \
+        plugins/awq/tests/test_awq_rows.py tests/fused/test_gemv.py tests/lora/test_lora_cuda.py \
+        2>&1 | tail -4
     VARIANTS="${W2_VARIANTS:-bf16,fp8_rows,fp8_rows2,awq_rows,awq_rows_default}"
     for shape in ${W2_SHAPES:-qwen06b llama8b}; do
         py "${W2_SECONDS:-230}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 \
