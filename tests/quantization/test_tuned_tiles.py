@@ -91,7 +91,9 @@ def test_layers_take_the_table_row_else_the_default(monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize("package", ["engine_awq", "engine_fp8"])
 def test_shipped_tables_hold_valid_tiles(package: str) -> None:
     """Every shipped table parses and each row builds the plugin's GemvConfig with tile
-    sizes the kernel asserts on (powers of two, at least 16 columns unless unsplit)."""
+    sizes the kernel asserts on (powers of two, at least 16 columns unless unsplit); the AWQ
+    row GEMV's rows (``awq_rows_<launch>_c<chunk>``) build a ``RowsTile`` of the launches
+    ``rows_tile`` serves, with power-of-two sizes and whole chunks a K step."""
     module = __import__(f"{package}.gemv", fromlist=["GemvConfig"])
     folder = resources.files(package).joinpath("tuned")
     tables = [f for f in folder.iterdir() if f.name.endswith(".json")] if folder.is_dir() else []
@@ -101,6 +103,18 @@ def test_shipped_tables_hold_valid_tiles(package: str) -> None:
         for key, row in configs.items():
             kernel, n, k, tokens = key.split(",")
             assert int(n) > 0 and int(k) > 0 and int(tokens) in split_k.TUNED_TOKENS
+            if kernel.startswith("awq_rows_"):
+                from engine_awq.rows import RowsTile
+
+                launch, chunk = kernel.removeprefix("awq_rows_").split("_c")
+                assert launch in ("plain", "norm", "gated") and int(chunk) >= 1
+                tile = RowsTile(**{f: v for f, v in row.items() if f in RowsTile._fields})
+                for size in (tile.block_n, tile.block_k):
+                    assert size >= 1 and size & (size - 1) == 0, (key, tile)
+                assert tile.block_k % int(chunk) == 0, (key, tile)
+                assert tile.num_warps in (None, 1, 2, 4, 8, 16), (key, tile)
+                assert tile.num_stages is None or tile.num_stages >= 1, (key, tile)
+                continue
             config = module.GemvConfig(
                 **{f: v for f, v in row.items() if f in module.GemvConfig._fields}
             )
