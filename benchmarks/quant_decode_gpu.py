@@ -10,15 +10,15 @@ Run from the repository root with Engine importable (installed or on ``PYTHONPAT
 Llama-3.1-8B shape reuses its tokenizer. Online FP8 comes from ``--quantization fp8``, AWQ
 from a copy of the folder whose config declares AutoAWQ 4-bit (group 128). ``fp8_rows``:
 the SDK's row GEMV with the fp8 weight at one row (the default: 4 weight rows a program,
-2 gate rows in the gated launch; ``fp8_rows4`` 4 rows in the plain and norm launches with
-the gated default, ``fp8_rows2`` round 14's 2 and 1), ``fp8_gemv``: the plugin's split-K
-GEMV (``ENGINE_FP8_ROW_GEMV=0``), ``awq_rows``: the AWQ row GEMV at one token
-(:mod:`engine_awq.rows`, the default, with the GPU's measured tiles where its table has
-them; ``awq_rows_default`` the built-in tile on every launch, ``awq_rows8`` eight columns
-a program over 1024 activations a step, ``awq_rows_k4096`` 4096 activations a step),
-``awq_gemv``: its split-K GEMV (``ENGINE_AWQ_ROW_GEMV=0``), ``old`` rows
-``ENGINE_QUANT_GEMV=0``. The table gives ms per output token and the ratio to bf16 of the
-same shape (< 1: faster than bf16).
+2 gate rows in the gated launch; ``fp8_rows4`` 4 rows in the plain and norm launches and
+1 in the gated one, as round 15 measured it; ``fp8_rows2`` round 14's 2 and 1),
+``fp8_gemv``: the plugin's split-K GEMV (``ENGINE_FP8_ROW_GEMV=0``), ``awq_rows``: the AWQ
+row GEMV at one token (:mod:`engine_awq.rows`, the default, with the GPU's measured tiles
+where its table has them; ``awq_rows_default`` the built-in tile on every launch,
+``awq_rows8`` eight columns a program over 1024 activations a step, ``awq_rows_k4096``
+4096 activations a step), ``awq_gemv``: its split-K GEMV (``ENGINE_AWQ_ROW_GEMV=0``),
+``old`` rows ``ENGINE_QUANT_GEMV=0``. The table gives ms per output token and the ratio to
+bf16 of the same shape (< 1: faster than bf16).
 """
 
 from __future__ import annotations
@@ -37,11 +37,15 @@ from suite_extra import awq_variant
 VARIANTS: list[tuple[str, str, list[str], dict[str, str | None]]] = [
     ("bf16", "base", [], {"ENGINE_QUANT_GEMV": None}),
     ("fp8_rows", "base", ["--quantization", "fp8"], {"ENGINE_QUANT_GEMV": "1"}),
-    (
+    (  # round 15's W2 run (call 3): 4 rows in the plain and norm launches, 1 gated
         "fp8_rows4",
         "base",
         ["--quantization", "fp8"],
-        {"ENGINE_QUANT_GEMV": "1", "ENGINE_GEMV_FP8_BLOCK_N": "4"},
+        {
+            "ENGINE_QUANT_GEMV": "1",
+            "ENGINE_GEMV_FP8_BLOCK_N": "4",
+            "ENGINE_GEMV_FP8_GATED_BLOCK_N": "1",
+        },
     ),
     (  # round 14's tiles: bf16's rows a program (2 plain and norm, 1 gated)
         "fp8_rows2",

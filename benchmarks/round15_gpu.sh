@@ -6,11 +6,13 @@
 #          four launches of a layer at one token, bf16 / FP8 / AWQ, AWQ and FP8 tiles
 #          swept), which writes the AWQ tile table into $OUT/tuned (copy it to
 #          plugins/awq/engine_awq/tuned/ for the next call) and into the installed plugin
-#          for W2 on the 0.6B shape (bf16, FP8 rows with 2 and 4 rows a program, AWQ rows).
+#          for W2 on the 0.6B shape (bf16, FP8 rows with today's and round 14's rows a
+#          program, AWQ rows).
 #   w2:    the GPU tests of the row GEMVs (bf16, FP8, AWQ) and of LoRA (the merged adapter
 #          in CUDA graphs included), then W2 (batch 1, 128 in / 256 out) on the shapes in
-#          W2_SHAPES (default qwen06b,llama8b): bf16, FP8 rows (today's rows a program and
-#          round 14's), AWQ rows with the tree's measured tiles and with the built-in default.
+#          W2_SHAPES (default qwen06b,llama8b): bf16, FP8 rows (today's rows a program,
+#          round 15's measured run with the gated launch at 1, and round 14's), AWQ rows
+#          with the tree's measured tiles and with the built-in default.
 set -uo pipefail
 MODE="${1:-sweep}"
 export PYTHONUNBUFFERED=1
@@ -35,7 +37,7 @@ if [ "$MODE" = w2 ]; then
     py 150 -m pytest -q -p no:cacheprovider plugins/fp8/tests/test_fp8_row_gemv.py \
         plugins/awq/tests/test_awq_rows.py tests/fused/test_gemv.py tests/lora/test_lora_cuda.py \
         2>&1 | tail -4
-    VARIANTS="${W2_VARIANTS:-bf16,fp8_rows,fp8_rows2,awq_rows,awq_rows_default}"
+    VARIANTS="${W2_VARIANTS:-bf16,fp8_rows,fp8_rows4,fp8_rows2,awq_rows,awq_rows_default}"
     for shape in ${W2_SHAPES:-qwen06b llama8b}; do
         py "${W2_SECONDS:-230}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 \
             --shapes "$shape" --variants "$VARIANTS" --out "$OUT/w2_$shape.json" 2>&1 | tail -8
