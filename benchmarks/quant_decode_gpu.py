@@ -14,7 +14,9 @@ the SDK's row GEMV with the fp8 weight at one row (the default: 4 weight rows a 
 1 in the gated one, as round 15 measured it; ``fp8_rows2`` round 14's 2 and 1),
 ``fp8_gemv``: the plugin's split-K GEMV (``ENGINE_FP8_ROW_GEMV=0``), ``awq_rows``: the AWQ
 row GEMV at one token (:mod:`engine_awq.rows`, the default, with the GPU's measured tiles
-where its table has them; ``awq_rows_default`` the built-in tile on every launch,
+where its table has them, and :mod:`engine_awq.wide` for rows of 4096 or more;
+``awq_narrow`` the row GEMV on every launch, as before round 16; ``awq_rows_default``
+the built-in tile on every launch,
 ``awq_rows8`` eight columns a program over 1024 activations a step, ``awq_rows_k4096``
 4096 activations a step), ``awq_gemv``: its split-K GEMV (``ENGINE_AWQ_ROW_GEMV=0``),
 ``old`` rows ``ENGINE_QUANT_GEMV=0``. The table gives ms per output token and the ratio to
@@ -70,6 +72,8 @@ VARIANTS: list[tuple[str, str, list[str], dict[str, str | None]]] = [
         {"ENGINE_QUANT_GEMV": "0", "ENGINE_FP8_ROW_GEMV": "0"},
     ),
     ("awq_rows", "awq", [], {"ENGINE_QUANT_GEMV": "1"}),
+    # round 15's default: the row GEMV on every launch, engine_awq.wide off
+    ("awq_narrow", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_WIDE_MIN_K": "0"}),
     # the built-in tile on every launch: the sweep switch makes rows_tile skip the GPU's table
     ("awq_rows_default", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_ROWS_BLOCK_N": "4"}),
     (

@@ -58,6 +58,9 @@ AWQ_ROWS_ARGS = {**_NO_BIAS, "x_ptr": ("*bf16", 1), "r_ptr": ("*bf16", 1), "nw_p
                  "b_ptr": ("*fp16", 1), "res_ptr": ("*bf16", 1), "num_chunks": ("i32", 1),
                  "eps": ("fp32", 0), "stride_qw": ("i32", 1), "stride_z": ("i32", 1),
                  "stride_s": ("i32", 1), "magic": ("i32", 0)}  # fmt: skip
+AWQ_WIDE_ARGS = {
+    k: v for k, v in AWQ_ROWS_ARGS.items() if k not in ("M", "stride_xm", "stride_om", "magic")
+}
 FP8_OLD_ARGS = {**FP8_GEMV_ARGS, "out_ptr": ("*fp32", 1), "stride_op": ("i32", 1)}
 for _name in ("part_ptr", "lock_ptr", "num_splits"):
     FP8_OLD_ARGS.pop(_name)
@@ -112,6 +115,15 @@ def kernels() -> list[tuple[str, Any, dict[str, Any], dict[str, Any], int, float
         per_step = block_n * block_c * 128 / (32 * warps)
         out.append((f"awq rows {block_n}x{block_c * 128} {warps}w 1 tok", rows.awq_rows_kernel,
                     AWQ_ROWS_ARGS, ce, warps, per_step))  # fmt: skip
+    from engine_awq import wide
+
+    for block_n, block_c, warps, gated in ((8, 32, 2, False), (4, 32, 2, True), (16, 16, 1, False)):
+        ce = {"GROUP": 128, "CHUNK": 128, "NPG": 8, "BLOCK_N": block_n, "BLOCK_C": block_c,
+              "HAS_BIAS": False, "NORM": gated, "NORM_K": 4096, "GATED": gated}  # fmt: skip
+        rows_a_program = block_n * (2 if gated else 1)
+        per_step = rows_a_program * block_c * 128 / (32 * warps)
+        label = f"awq wide {block_n}x{block_c * 128} {warps}w{' gated' if gated else ''}"
+        out.append((label, wide.awq_wide_kernel, AWQ_WIDE_ARGS, ce, warps, per_step))
     for tokens in (1, 16):
         cfg = awq_gemv.default_gemv_config(tokens, 4096, 128)
         block_m = 16 if cfg.variant == "dot" else 1

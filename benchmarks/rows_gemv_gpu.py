@@ -64,6 +64,9 @@ AWQ_PAIRS = [(bn, bk) for bn in (2, 4, 8, 16) for bk in (1024, 2048, 4096)]
 AWQ_OPTIONS = [(w, s) for w in (2, 4, 8) for s in (1, 2, 3)]
 FP8_TILES = [(bn, bk, w) for bn in (1, 2, 4, 8) for bk in (512, 1024, 2048) for w in (4, 8)]
 FP8_BLOCK_NS = (1, 2, 4, 8)  # the add+RMSNorm / gated launches take only their rows a program
+# engine_awq.wide tiles (columns a program, activations a step); gated: the gate columns
+WIDE_TILES = [(bn, bk) for bn in (4, 8, 16) for bk in (2048, 4096)]
+WIDE_GATED_TILES = [(bn, bk) for bn in (1, 2, 4, 8) for bk in (2048, 4096)]
 
 
 def launches(hidden: int, qkv: int, attn: int, inter: int) -> list[tuple[str, str, int, int]]:
@@ -74,7 +77,7 @@ def launches(hidden: int, qkv: int, attn: int, inter: int) -> list[tuple[str, st
 
 # this script's format names -> quant_gemv_gpu.Projection's weight families (FP8 with one
 # float32 scale per row, as online --quantization fp8 stores it)
-FAMILIES = {"bf16": "bf16", "fp8": "fp8c", "awq": "awq"}
+FAMILIES = {"bf16": "bf16", "fp8": "fp8c", "awq": "awq", "wide": "awq"}
 
 
 def copies(p: Any, family: str) -> list[tuple[torch.Tensor, ...]]:
@@ -92,7 +95,7 @@ def call(family: str, kind: str, p: Any, acts: tuple, tile: Any) -> Callable[[tu
 
     x, residual, nw = acts
     gated = kind == "gated"
-    if family == "awq":
+    if family in ("awq", "wide"):
         if kind == "plain":
             return lambda t: rows.awq_rows(x, *t, GROUP, p.awq[3], None, tile)
         return lambda t: rows.awq_rows_add_rms_norm(
@@ -142,6 +145,7 @@ def main() -> int:  # noqa: PLR0915
     if args.models:
         models = {name: models[name] for name in args.models.split(",")}
     import triton
+    from engine_awq import wide
     from engine_awq.rows import RowsTile
 
     timer = quant_gemv_gpu.Timer(device)
@@ -181,10 +185,12 @@ def main() -> int:  # noqa: PLR0915
                 row: dict[str, Any] = {"model": model, "proj": proj, "launch": kind,
                                        "N": rows, "K": k}  # fmt: skip
                 wants = {}
-                for family in ("bf16", "fp8", "awq"):
-                    tile = RowsTile() if family == "awq" else None
+                wide_default = wide.wide_tile(device, kind, rows, k)
+                for family in ("bf16", "fp8", "awq", "wide"):
+                    tile = {"awq": RowsTile(), "wide": wide_default}.get(family)
                     wants[family] = call(family, kind, p, acts, tile)(copies(p, family)[0])
-                    row[family] = timed(family, kind, p, acts, tile, None)
+                    want = wants["awq"] if family == "wide" else None  # the same sums
+                    row[family] = timed(family, kind, p, acts, tile, want)
                     out_bytes = 2 * (rows // 2 if kind == "gated" else rows)
                     acts_bytes = 2 * k * (3 if kind != "plain" else 1)
                     moved = p.nbytes[FAMILIES[family]] + acts_bytes + out_bytes
@@ -202,6 +208,12 @@ def main() -> int:  # noqa: PLR0915
                                  for bn, bk, nw_ in FP8_TILES]  # fmt: skip
                 tried: dict[Any, float] = {}
                 fp8_tried: dict[Any, float] = {}
+                wide_tried: dict[Any, float] = {}
+                wide_tiles = WIDE_GATED_TILES if kind == "gated" else WIDE_TILES
+                for bn, bk in wide_tiles[:2] if args.smoke else wide_tiles:  # the new kernel first
+                    tile = wide.WideTile(bn, min(bk, triton.next_power_of_2(k)))
+                    if time.time() < deadline and tile not in wide_tried:
+                        wide_tried[tile] = timed("wide", kind, p, acts, tile, wants["awq"]) or 1e9
                 for family in ("awq", "fp8") if kind == "plain" else ("fp8", "awq"):
                     if family == "fp8":
                         for tile in fp8_tiles[:2] if args.smoke else fp8_tiles:
@@ -220,7 +232,7 @@ def main() -> int:  # noqa: PLR0915
                                 tile = best._replace(num_warps=nwarps, num_stages=stages)
                                 us = timed("awq", kind, p, acts, tile, wants["awq"])
                                 tried[tile] = us or 1e9
-                for family, found in (("awq", tried), ("fp8", fp8_tried)):
+                for family, found in (("awq", tried), ("fp8", fp8_tried), ("wide", wide_tried)):
                     sweeps += [{"model": model, "proj": proj, "family": family, "tile": list(t)
                                 if isinstance(t, tuple) else t, "us": us}
                                for t, us in found.items()]  # fmt: skip
@@ -230,20 +242,24 @@ def main() -> int:  # noqa: PLR0915
                             row[f"{family}_best"], row[f"{family}_tile"] = found[tile], tile
                 results.append(row)
                 print("   ", {c: round(row[c], 2) for c in ("bf16", "fp8", "awq", "awq_best",
-                                                             "fp8_best") if row.get(c)},
-                      row.get("awq_tile"), row.get("fp8_tile"), flush=True)  # fmt: skip
+                                                             "fp8_best", "wide", "wide_best")
+                             if row.get(c)},
+                      row.get("awq_tile"), row.get("fp8_tile"), row.get("wide_tile"),
+                      flush=True)  # fmt: skip
                 del p
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     print(f"\n== us per call (CUDA graph, weights from HBM); % of {args.copy_gbps:.0f} GB/s ==")
     cols = ["model", "proj", "launch", "bf16", "bf16%", "fp8", "fp8%", "fp8_best", "fp8_tile",
-            "awq", "awq%", "awq_best", "awq_tile"]  # fmt: skip
+            "awq", "awq%", "awq_best", "awq_tile", "wide", "wide%", "wide_best",
+            "wide_tile"]  # fmt: skip
     print(table(results, cols))
     for model in models:
         mine = [r for r in results if r["model"] == model]
         # a launch whose sweep timed no tile counts at its default tile in the *_best sums
         sums = {c: sum(r.get(c) or r.get(c.removesuffix("_best")) or 0.0 for r in mine)
-                for c in ("bf16", "fp8", "fp8_best", "awq", "awq_best")}  # fmt: skip
+                for c in ("bf16", "fp8", "fp8_best", "awq", "awq_best", "wide",
+                          "wide_best")}  # fmt: skip
         print(f"{model}, one layer's four launches (us): "
               + ", ".join(f"{c} {v:.1f}" for c, v in sums.items()))  # fmt: skip
     for e in errors:
@@ -281,6 +297,13 @@ def write_tuned(folder: Path, results: list[dict[str, Any]], device_name: str) -
         if tile is None or default is None or best > default * (1 - TUNED_MIN_GAIN):
             continue
         key = f"awq_rows_{r['launch']}_c{pick_chunk(r['K'], GROUP)},{r['N']},{r['K']},1"
+        configs[key] = {**tile._asdict(), "ms": round(best / 1e3, 5),
+                        "default_ms": round(default / 1e3, 5)}  # fmt: skip
+    for r in results:  # engine_awq.wide's tiles, against its default tile
+        tile, best, default = r.get("wide_tile"), r.get("wide_best"), r.get("wide")
+        if tile is None or default is None or best > default * (1 - TUNED_MIN_GAIN):
+            continue
+        key = f"awq_wide_{r['launch']}_c{pick_chunk(r['K'], GROUP)},{r['N']},{r['K']},1"
         configs[key] = {**tile._asdict(), "ms": round(best / 1e3, 5),
                         "default_ms": round(default / 1e3, 5)}  # fmt: skip
     payload.update(device=device_name, rows_written_by=" ".join(sys.argv),

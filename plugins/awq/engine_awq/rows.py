@@ -41,7 +41,7 @@ Triton's default warps and stages (``ENGINE_AWQ_ROWS_BLOCK_N`` / ``_BLOCK_K`` fo
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import triton
@@ -50,6 +50,9 @@ from engine_sdk.layers.split_k import tuned_config
 
 from engine_awq.gemv import MAGIC_2_23, _codes, nibbles_per_group
 from engine_awq.method import ROWS_MAX_TOKENS, ROWS_NORM_MAX_K
+
+if TYPE_CHECKING:
+    from engine_awq.wide import WideTile
 
 __all__ = [
     "NORM_MAX_K",
@@ -99,6 +102,33 @@ def rows_tile(
 
 
 @triton.jit
+def row_norms(x_ptr, r_ptr, res_ptr, M, K, eps, stride_xm, pid,
+              BLOCK_M: tl.constexpr, NORM_K: tl.constexpr):  # fmt: skip
+    """The add+RMSNorm prologue's per-row ``1 / rms`` [BLOCK_M] of ``x + r`` (the sum
+    rounded to ``x``'s dtype, as the decoder's add+norm kernel); program 0 stores that sum,
+    the new residual, into ``res`` (rows ``stride_xm`` apart, like ``x`` and ``r``)."""
+    dt = x_ptr.dtype.element_ty
+    offs_m = tl.arange(0, BLOCK_M)
+    offs = offs_m[:, None] * stride_xm + tl.arange(0, NORM_K)[None, :]
+    row_ok = (offs_m < M)[:, None] & (tl.arange(0, NORM_K) < K)[None, :]
+    xv = tl.load(x_ptr + offs, mask=row_ok, other=0.0).to(tl.float32)
+    rv = tl.load(r_ptr + offs, mask=row_ok, other=0.0).to(tl.float32)
+    sv = (xv + rv).to(dt)
+    tl.store(res_ptr + offs, sv, mask=row_ok & (pid == 0))
+    s32 = sv.to(tl.float32)
+    return tl.rsqrt(tl.sum(s32 * s32, axis=1) / K + eps)
+
+
+@triton.jit
+def normed(h, r, nw, inv, dt):
+    """``rms_norm(x + r) * nw`` from the loaded ``x`` (``h``), ``r`` and ``nw`` (float32) and
+    the row's ``inv``, with the add+norm kernel's roundings (the sum, the normalized value
+    and the product each to ``dt``)."""
+    h = ((h + r).to(dt).to(tl.float32) * inv).to(dt).to(tl.float32)
+    return (h * nw).to(dt).to(tl.float32)
+
+
+@triton.jit
 def _products(
     words, hi, x_row, r_row, nw_ptr, z_ptr, s_ptr, cols, offs_c, ok, inv, stride_z,
     stride_s, magic, dt,
@@ -129,8 +159,7 @@ def _products(
             if NORM:
                 r = tl.load(r_row + k, mask=ok, other=0.0).to(tl.float32)
                 nw = tl.load(nw_ptr + k, mask=ok, other=0.0).to(tl.float32)
-                h = ((h + r).to(dt).to(tl.float32) * inv).to(dt).to(tl.float32)
-                h = (h * nw).to(dt).to(tl.float32)
+                h = normed(h, r, nw, inv, dt)
             prod += h * _codes(words, hi, z, i, magic)
         out += prod * s
     return out
@@ -185,15 +214,9 @@ def awq_rows_kernel(
     m_ok = offs_m < M
     invs = tl.zeros([BLOCK_M], dtype=tl.float32)
     if NORM:  # each row's 1 / rms; program 0 stores the new residual
-        K = num_chunks * CHUNK
-        offs = offs_m[:, None] * stride_xm + tl.arange(0, NORM_K)[None, :]
-        row_ok = m_ok[:, None] & (tl.arange(0, NORM_K) < K)[None, :]
-        xv = tl.load(x_ptr + offs, mask=row_ok, other=0.0).to(tl.float32)
-        rv = tl.load(r_ptr + offs, mask=row_ok, other=0.0).to(tl.float32)
-        sv = (xv + rv).to(dt)
-        tl.store(res_ptr + offs, sv, mask=row_ok & (pid == 0))
-        s32 = sv.to(tl.float32)
-        invs = tl.rsqrt(tl.sum(s32 * s32, axis=1) / K + eps)
+        invs = row_norms(
+            x_ptr, r_ptr, res_ptr, M, num_chunks * CHUNK, eps, stride_xm, pid, BLOCK_M, NORM_K
+        )
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc3 = tl.zeros([BLOCK_N, BLOCK_C, W], dtype=tl.float32)
@@ -241,7 +264,7 @@ def awq_rows(
     group_size: int,
     chunk: int,
     bias: torch.Tensor | None = None,
-    tile: RowsTile | None = None,
+    tile: RowsTile | WideTile | None = None,
 ) -> torch.Tensor:
     """``x`` [M, K] (1 <= M <= ``ROWS_MAX_TOKENS``; fp16/bf16, fp32 for tests) times the
     tiled AWQ weight -> [M, N] in ``x.dtype``, plus ``bias``; one launch."""
@@ -262,7 +285,7 @@ def awq_rows_add_rms_norm(
     chunk: int,
     bias: torch.Tensor | None = None,
     gated: bool = False,
-    tile: RowsTile | None = None,
+    tile: RowsTile | WideTile | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`awq_rows` of ``rms_norm(x + residual) * norm_weight`` and ``x + residual``
     (the new residual), K at most ``NORM_MAX_K``: the decoder's add+norm kernel, then
@@ -281,8 +304,10 @@ def _launch(
     weights: Weights,
     bias: torch.Tensor | None,
     gated: bool,
-    tile: RowsTile | None,
+    tile: RowsTile | WideTile | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    from engine_awq.wide import WideTile, awq_wide, takes_wide  # wide imports this module
+
     tiled_qweight, tiled_zeros, scales, group_size, chunk = weights
     num_tokens, num_in = x.shape
     num_out = tiled_qweight.shape[0] // 2 if gated else tiled_qweight.shape[0]
@@ -290,6 +315,11 @@ def _launch(
     npg = nibbles_per_group(x, weights)
     assert not gated or (residual is not None and tiled_qweight.shape[0] % 2 == 0)
     norm = residual is not None
+    if norm:  # x, the residual and the new residual share one row stride
+        x, residual = x.contiguous(), residual.contiguous()
+    if isinstance(tile, WideTile) or (tile is None and takes_wide(num_tokens, num_in, chunk)):
+        wide = tile if isinstance(tile, WideTile) else None
+        return awq_wide(x, residual, norm_weight, eps, (*weights, npg), bias, gated, wide)
     if tile is None:
         launch = "gated" if gated else "norm" if norm else "plain"
         tile = rows_tile(x.device, launch, num_tokens, tiled_qweight.shape[0], num_in, chunk)
@@ -297,8 +327,6 @@ def _launch(
     block_c = max(1, min(tile.block_k // chunk, chunks))
     out = torch.empty(num_tokens, num_out, dtype=x.dtype, device=x.device)
     options = {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
-    if norm:  # x, the residual and the new residual share one row stride
-        x, residual = x.contiguous(), residual.contiguous()
     new_residual = torch.empty_like(x) if norm else out
     awq_rows_kernel[(triton.cdiv(num_out, tile.block_n),)](
         x, residual if norm else x, norm_weight if norm_weight is not None else x,

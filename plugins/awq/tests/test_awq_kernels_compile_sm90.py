@@ -129,6 +129,37 @@ def test_awq_rows_kernel(case: str) -> None:
     assert "atom.global" not in report["ptx"]
 
 
+# -- the one-token GEMV for long rows (engine_awq.wide): the default tiles -------------------
+
+WIDE_CASES = {
+    # 8B o / q/k/v: 8 columns, 32 chunks a step (the whole K 4096), two warps
+    "plain-8B": ({"BLOCK_N": 8, "BLOCK_C": 32}, 2),
+    # 8B down: K 14336 in 4 steps of 32 chunks (the last half masked)
+    "plain-8B-down": ({"BLOCK_N": 8, "BLOCK_C": 32}, 2),
+    "norm-8B-bias": (
+        {"BLOCK_N": 8, "BLOCK_C": 32, "NORM": True, "NORM_K": 4096, "HAS_BIAS": True},
+        2,
+    ),
+    # the merged gate/up: 4 gate and 4 up columns
+    "gated-8B": ({"BLOCK_N": 4, "BLOCK_C": 32, "NORM": True, "NORM_K": 4096, "GATED": True}, 2),
+    # group 64: two slices a chunk; 16 chunks, one warp
+    "plain-group64": ({"BLOCK_N": 8, "BLOCK_C": 16, "GROUP": 64}, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(WIDE_CASES))
+def test_awq_wide_kernel(case: str) -> None:
+    """Builds, with no counters and no flush-to-zero (the codes are read as subnormals)."""
+    extra, warps = WIDE_CASES[case]
+    constants = {"GROUP": 128, "CHUNK": 128, "HAS_BIAS": False, **extra}
+    constants["NPG"] = math.gcd(8, constants["GROUP"] // (constants["CHUNK"] // 8))
+    types = {**_TILED, "b_ptr": _bias(constants["HAS_BIAS"]), "eps": "fp32"}
+    report = _compile("engine_awq.wide", "awq_wide_kernel", constants, types=types, num_warps=warps)
+    ptx = report["ptx"]
+    assert "atom.global" not in ptx and "fma.rn.f32" in ptx
+    assert "fma.rn.ftz" not in ptx  # (the prologue's rsqrt.approx.ftz is not a code)
+
+
 # -- the W4A16 GEMM and the dequantization (engine_awq.w4a16) ---------------------------------
 
 
