@@ -6,12 +6,33 @@
 # engine_awq.wide, with the wide tiles swept first), whose AWQ table goes into the installed
 # plugin; then W2 on the 8B shape: bf16, AWQ (today's default: wide on rows of 4096 or
 # more), AWQ with wide off (round 15's default), FP8.
+#   confirm: W2 on the 8B shape again (bf16, AWQ with the tiles the first call measured,
+#   AWQ narrow, FP8), then W1 (1024 x 512 in / 256 out) of the 0.6B shape with the bf16 and
+#   the fp8 KV cache and of the 8B shape in bf16 and FP8.
 set -uo pipefail
+MODE="${1:-sweep}"
 export PYTHONUNBUFFERED=1
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "$name"
 case "$name" in *H100*) BW=3350 ;; *) BW=4100 ;; esac
 source benchmarks/device_install.sh
+w1() {  # w1 NAME MODEL [engine args]: offline W1, output tokens/s
+    local name=$1 model=$2; shift 2
+    py "${W1_SECONDS:-150}" -m engine.cli.main bench throughput --model "$model" \
+        --load-format dummy --dtype bfloat16 --num-prompts 1024 --input-len 512 \
+        --output-len 256 "$@" --save-result "$OUT/w1_$name.json" > "$OUT/w1_$name.log" 2>&1
+    grep -m2 "output_tokens_per_s\|tok/s\|Error\|error:" "$OUT/w1_$name.log" | sed "s/^/$name: /"
+}
+if [ "$MODE" = confirm ]; then
+    py "${W2_SECONDS:-150}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b \
+        --variants "${W2_VARIANTS:-bf16,awq_rows,awq_narrow,fp8_rows}" \
+        --out "$OUT/w2_llama8b.json" 2>&1 | tail -6
+    w1 qwen06b_bf16 .gpu/qwen3
+    w1 qwen06b_fp8kv .gpu/qwen3 --kv-cache-dtype fp8
+    w1 llama8b_bf16 /tmp/quant_decode/llama-8b
+    w1 llama8b_fp8 /tmp/quant_decode/llama-8b --quantization fp8
+    exit 0
+fi
 py "${TESTS_SECONDS:-120}" -m pytest -q -p no:cacheprovider plugins/awq/tests/test_awq_wide.py \
     plugins/awq/tests/test_awq_rows.py plugins/fp8/tests/test_fp8_row_gemv.py \
     tests/lora/test_lora_cuda.py 2>&1 | tail -4

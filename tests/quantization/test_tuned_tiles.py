@@ -93,7 +93,8 @@ def test_shipped_tables_hold_valid_tiles(package: str) -> None:
     """Every shipped table parses and each row builds the plugin's GemvConfig with tile
     sizes the kernel asserts on (powers of two, at least 16 columns unless unsplit); the AWQ
     row GEMV's rows (``awq_rows_<launch>_c<chunk>``) build a ``RowsTile`` of the launches
-    ``rows_tile`` serves, with power-of-two sizes and whole chunks a K step."""
+    ``rows_tile`` serves, with power-of-two sizes and whole chunks a K step, and so do the
+    wide GEMV's (``awq_wide_...``, a ``WideTile``)."""
     module = __import__(f"{package}.gemv", fromlist=["GemvConfig"])
     folder = resources.files(package).joinpath("tuned")
     tables = [f for f in folder.iterdir() if f.name.endswith(".json")] if folder.is_dir() else []
@@ -103,12 +104,15 @@ def test_shipped_tables_hold_valid_tiles(package: str) -> None:
         for key, row in configs.items():
             kernel, n, k, tokens = key.split(",")
             assert int(n) > 0 and int(k) > 0 and int(tokens) in split_k.TUNED_TOKENS
-            if kernel.startswith("awq_rows_"):
+            if kernel.startswith(("awq_rows_", "awq_wide_")):
                 from engine_awq.rows import RowsTile
+                from engine_awq.wide import WideTile
 
-                launch, chunk = kernel.removeprefix("awq_rows_").split("_c")
+                kind = RowsTile if kernel.startswith("awq_rows_") else WideTile
+                launch, chunk = kernel.split("_", 2)[2].split("_c")
                 assert launch in ("plain", "norm", "gated") and int(chunk) >= 1
-                tile = RowsTile(**{f: v for f, v in row.items() if f in RowsTile._fields})
+                tile = kind(**{f: v for f, v in row.items() if f in kind._fields})
+                tile = RowsTile(tile.block_n, tile.block_k, *tile[2:])
                 for size in (tile.block_n, tile.block_k):
                     assert size >= 1 and size & (size - 1) == 0, (key, tile)
                 assert tile.block_k % int(chunk) == 0, (key, tile)

@@ -317,7 +317,9 @@ def _launch(
     norm = residual is not None
     if norm:  # x, the residual and the new residual share one row stride
         x, residual = x.contiguous(), residual.contiguous()
-    if isinstance(tile, WideTile) or (tile is None and takes_wide(num_tokens, num_in, chunk)):
+    if isinstance(tile, WideTile) or (
+        tile is None and takes_wide(num_tokens, num_in, chunk, gated)
+    ):
         wide = tile if isinstance(tile, WideTile) else None
         return awq_wide(x, residual, norm_weight, eps, (*weights, npg), bias, gated, wide)
     if tile is None:

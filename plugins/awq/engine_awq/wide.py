@@ -64,11 +64,12 @@ class WideTile(NamedTuple):
     block_k: int = 4096
 
 
-def takes_wide(num_tokens: int, num_in: int, chunk: int) -> bool:
+def takes_wide(num_tokens: int, num_in: int, chunk: int, gated: bool = False) -> bool:
     """Whether a ``num_tokens`` x ``num_in`` call with ``chunk``-row chunks takes this GEMV:
     one token, rows of at least ``WIDE_MIN_K`` (0: never), 128-row chunks (16 words, two
-    threads a chunk)."""
-    return num_tokens == 1 and 0 < WIDE_MIN_K <= num_in and chunk == 128
+    threads a chunk), and not the gated launch (measured slower than the row GEMV's there:
+    the module docstring)."""
+    return num_tokens == 1 and 0 < WIDE_MIN_K <= num_in and chunk == 128 and not gated
 
 
 def wide_tile(device: torch.device, launch: str, weight_rows: int, num_in: int) -> WideTile:
@@ -77,7 +78,7 @@ def wide_tile(device: torch.device, launch: str, weight_rows: int, num_in: int) 
     found = tuned_config("engine_awq", f"awq_wide_{launch}_c128", device, weight_rows, num_in, 1)
     if found is not None:
         return WideTile(**{k: v for k, v in found.items() if k in WideTile._fields})
-    return WideTile(block_n=4) if launch == "gated" else WideTile()
+    return WideTile() if launch == "plain" else WideTile(4, 2048)
 
 
 @triton.jit

@@ -118,6 +118,7 @@ def test_long_rows_of_one_token_take_it(monkeypatch: pytest.MonkeyPatch) -> None
     and ``ENGINE_AWQ_WIDE_MIN_K=0``."""
     assert wide.takes_wide(1, 4096, 128) and not wide.takes_wide(2, 4096, 128)
     assert not wide.takes_wide(1, 2048, 128) and not wide.takes_wide(1, 4096, 64)
+    assert not wide.takes_wide(1, 4096, 128, gated=True)  # slower than the row GEMV there
     monkeypatch.setattr(wide, "WIDE_MIN_K", 256)
     asked: list[tuple] = []
     monkeypatch.setattr(wide, "wide_tile", lambda *a: asked.append(a[1:]) or WideTile(8, 256))
@@ -133,11 +134,12 @@ def test_long_rows_of_one_token_take_it(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_default_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a measured row: 8 columns over 4096 activations, 4 gate columns gated; a
-    measured ``awq_wide_*`` row wins."""
+    """Without a measured row: 8 columns over 4096 activations plain, 4 over 2048 with the
+    prologue (or gated); a measured ``awq_wide_*`` row wins."""
     cpu = torch.device("cpu")
     assert wide.wide_tile(cpu, "plain", 4096, 4096) == WideTile(8, 4096)
-    assert wide.wide_tile(cpu, "gated", 28672, 4096) == WideTile(4, 4096)
+    assert wide.wide_tile(cpu, "norm", 6144, 4096) == WideTile(4, 2048)
+    assert wide.wide_tile(cpu, "gated", 28672, 4096) == WideTile(4, 2048)
     found = {"block_n": 16, "block_k": 2048, "num_warps": 4}
     monkeypatch.setattr(
         wide, "tuned_config", lambda *a: found if a[1] == "awq_wide_norm_c128" else None
