@@ -6,8 +6,9 @@
 # engine_awq.wide, with the wide tiles swept first), whose AWQ table goes into the installed
 # plugin; then W2 on the 8B shape: bf16, AWQ (today's default: wide on rows of 4096 or
 # more), AWQ with wide off (round 15's default), FP8.
-#   confirm: W2 on the 8B shape again (bf16, AWQ with the tiles the first call measured,
-#   AWQ narrow, FP8), then W1 (1024 x 512 in / 256 out) of the 0.6B shape with the bf16 and
+#   confirm: the wide GEMV's GPU tests and the 8B launches again (its accumulators summed
+#   over a chunk's words each slice since call 1: fewer registers), W2 on the 8B shape (bf16,
+#   AWQ with the tiles this call measured, AWQ narrow, FP8), then W1 (1024 x 512 in / 256 out) of the 0.6B shape with the bf16 and
 #   the fp8 KV cache and of the 8B shape in bf16 and FP8.
 set -uo pipefail
 MODE="${1:-sweep}"
@@ -24,6 +25,11 @@ w1() {  # w1 NAME MODEL [engine args]: offline W1, output tokens/s
     grep -m2 "output_tokens_per_s\|tok/s\|Error\|error:" "$OUT/w1_$name.log" | sed "s/^/$name: /"
 }
 if [ "$MODE" = confirm ]; then
+    py 60 -m pytest -q -p no:cacheprovider plugins/awq/tests/test_awq_wide.py 2>&1 | tail -2
+    py "${SWEEP_TIMEOUT:-120}" benchmarks/rows_gemv_gpu.py --models Llama-3.1-8B \
+        --sweep-s "${SWEEP_S:-70}" --copy-gbps "$BW" --out "$OUT/rows_gemv.json" \
+        --write-tuned "$OUT/tuned" 2>&1 | grep -v "^   \|\.\.\.$" | tee "$OUT/rows_gemv.txt" | tail -9
+    cp "$OUT"/tuned/engine_awq/*.json /tmp/site2/engine_awq/tuned/ && echo "AWQ tiles installed"
     py "${W2_SECONDS:-150}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b \
         --variants "${W2_VARIANTS:-bf16,awq_rows,awq_narrow,fp8_rows}" \
         --out "$OUT/w2_llama8b.json" 2>&1 | tail -6

@@ -306,7 +306,7 @@ def _launch(
     gated: bool,
     tile: RowsTile | WideTile | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    from engine_awq.wide import WideTile, awq_wide, takes_wide  # wide imports this module
+    from engine_awq.wide import WideTile, awq_wide, takes_wide, wide_tile  # (imports rows)
 
     tiled_qweight, tiled_zeros, scales, group_size, chunk = weights
     num_tokens, num_in = x.shape
@@ -317,13 +317,12 @@ def _launch(
     norm = residual is not None
     if norm:  # x, the residual and the new residual share one row stride
         x, residual = x.contiguous(), residual.contiguous()
-    if isinstance(tile, WideTile) or (
-        tile is None and takes_wide(num_tokens, num_in, chunk, gated)
-    ):
-        wide = tile if isinstance(tile, WideTile) else None
-        return awq_wide(x, residual, norm_weight, eps, (*weights, npg), bias, gated, wide)
+    launch = "gated" if gated else "norm" if norm else "plain"
+    if tile is None and takes_wide(num_tokens, num_in, chunk):
+        tile = wide_tile(x.device, launch, tiled_qweight.shape[0], num_in)
+    if isinstance(tile, WideTile):
+        return awq_wide(x, residual, norm_weight, eps, (*weights, npg), bias, gated, tile)
     if tile is None:
-        launch = "gated" if gated else "norm" if norm else "plain"
         tile = rows_tile(x.device, launch, num_tokens, tiled_qweight.shape[0], num_in, chunk)
     chunks = triton.next_power_of_2(num_in // chunk)
     block_c = max(1, min(tile.block_k // chunk, chunks))

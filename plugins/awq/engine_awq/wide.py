@@ -64,21 +64,22 @@ class WideTile(NamedTuple):
     block_k: int = 4096
 
 
-def takes_wide(num_tokens: int, num_in: int, chunk: int, gated: bool = False) -> bool:
-    """Whether a ``num_tokens`` x ``num_in`` call with ``chunk``-row chunks takes this GEMV:
-    one token, rows of at least ``WIDE_MIN_K`` (0: never), 128-row chunks (16 words, two
-    threads a chunk), and not the gated launch (measured slower than the row GEMV's there:
-    the module docstring)."""
-    return num_tokens == 1 and 0 < WIDE_MIN_K <= num_in and chunk == 128 and not gated
+def takes_wide(num_tokens: int, num_in: int, chunk: int) -> bool:
+    """Whether a ``num_tokens`` x ``num_in`` call with ``chunk``-row chunks may take this
+    GEMV: one token, rows of at least ``WIDE_MIN_K`` (0: never), 128-row chunks (16 words,
+    two threads a chunk)."""
+    return num_tokens == 1 and 0 < WIDE_MIN_K <= num_in and chunk == 128
 
 
-def wide_tile(device: torch.device, launch: str, weight_rows: int, num_in: int) -> WideTile:
+def wide_tile(device: torch.device, launch: str, weight_rows: int, num_in: int) -> WideTile | None:
     """The tile for ``launch`` (``plain`` | ``norm`` | ``gated``): the GPU's measured one,
-    else the default (4 columns when gated)."""
+    else the default for the plain and norm launches; None for a gated launch without a
+    measured row (the row GEMV's, which the sweep found faster there unless the table
+    says otherwise: the module docstring)."""
     found = tuned_config("engine_awq", f"awq_wide_{launch}_c128", device, weight_rows, num_in, 1)
     if found is not None:
         return WideTile(**{k: v for k, v in found.items() if k in WideTile._fields})
-    return WideTile() if launch == "plain" else WideTile(4, 2048)
+    return {"plain": WideTile(), "norm": WideTile(4, 2048)}.get(launch)
 
 
 @triton.jit
@@ -96,7 +97,7 @@ def _close(acc, prod, hsum, z_ptr, s_ptr, group, cols, ok, stride_z, stride_s):
     """``acc + s (2^61 prod - z hsum)`` for the slice's zero points and scales."""
     z = tl.load(z_ptr + group * stride_z + cols, mask=ok, other=0).to(tl.float32)
     s = tl.load(s_ptr + group * stride_s + cols, mask=ok, other=0.0).to(tl.float32)
-    return acc + (s * (2.0**61)) * (prod - (z * (2.0**-61)) * hsum)
+    return acc + tl.sum((s * (2.0**61)) * (prod - (z * (2.0**-61)) * hsum), axis=1, keep_dims=True)
 
 
 @triton.jit
@@ -158,8 +159,8 @@ def awq_wide_kernel(
     # the activations' offsets in the words' shape (each column's repeated): a thread loads
     # its chunk's activations once and every column it holds reads them
     k_at = cols3 * 0 + offs_w
-    acc = tl.zeros([BLOCK_C, W, BLOCK_N], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_C, W, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_C, 1, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_C, 1, BLOCK_N], dtype=tl.float32)
     for c0 in range(0, num_chunks, BLOCK_C):
         offs_c = (c0 + tl.arange(0, BLOCK_C))[:, None, None]  # [BLOCK_C, 1, 1]
         ok = (offs_c < num_chunks) & n_ok3
@@ -196,9 +197,9 @@ def awq_wide(
     weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int],
     bias: torch.Tensor | None,
     gated: bool,
-    tile: WideTile | None = None,
+    tile: WideTile,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One launch for ``x`` [1, K] (``takes_wide``), as :func:`engine_awq.rows._launch`:
+    """One launch for ``x`` [1, K] with ``tile``, as :func:`engine_awq.rows._launch`:
     ``(out, new_residual)``, the new residual ``x + residual`` when ``residual`` is given
     (else ``out`` again); ``weights`` is ``(tiled_qweight, tiled_zeros, scales, group_size,
     chunk, npg)``."""
@@ -206,9 +207,7 @@ def awq_wide(
     num_in = x.shape[1]
     num_out = tiled_qweight.shape[0] // 2 if gated else tiled_qweight.shape[0]
     norm = residual is not None
-    if tile is None:
-        launch = "gated" if gated else "norm" if norm else "plain"
-        tile = wide_tile(x.device, launch, tiled_qweight.shape[0], num_in)
+    assert x.shape[0] == 1, "the wide GEMV takes one token"
     chunks = num_in // chunk
     block_c = max(1, min(tile.block_k // chunk, triton.next_power_of_2(chunks)))
     # a warp covers 32 threads x 8 words; fewer chunks than that leave threads on columns

@@ -114,35 +114,44 @@ def test_reads_strided_views() -> None:
 
 def test_long_rows_of_one_token_take_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """The row GEMV hands one token over ``WIDE_MIN_K`` activations (128-row chunks) to
-    this kernel, with the GPU's tile for the launch, and keeps two tokens, shorter rows
-    and ``ENGINE_AWQ_WIDE_MIN_K=0``."""
+    this kernel with the tile ``wide_tile`` gives, and keeps two tokens, shorter rows,
+    ``ENGINE_AWQ_WIDE_MIN_K=0`` and launches ``wide_tile`` declines."""
     assert wide.takes_wide(1, 4096, 128) and not wide.takes_wide(2, 4096, 128)
     assert not wide.takes_wide(1, 2048, 128) and not wide.takes_wide(1, 4096, 64)
-    assert not wide.takes_wide(1, 4096, 128, gated=True)  # slower than the row GEMV there
     monkeypatch.setattr(wide, "WIDE_MIN_K", 256)
     asked: list[tuple] = []
-    monkeypatch.setattr(wide, "wide_tile", lambda *a: asked.append(a[1:]) or WideTile(8, 256))
+    tiles = {"plain": WideTile(8, 256), "gated": None}
+    monkeypatch.setattr(wide, "wide_tile", lambda *a: asked.append(a[1:]) or tiles[a[1]])
+    launched: list[WideTile] = []
+    real = wide.awq_wide
+    monkeypatch.setattr(wide, "awq_wide", lambda *a: launched.append(a[-1]) or real(*a))
     qweight, zeros, scales, chunk, reference = _tiled(384, 40, 128, seed=9)
     x = _x(1, 384, torch.float16)
     out = awq_rows(x, qweight, zeros, scales, 128, chunk)
     assert _rel_err(out, _want(x, reference, None)) <= TOLERANCE[torch.float16]
-    assert asked == [("plain", 40, 384)]
+    assert asked == [("plain", 40, 384)] and launched == [WideTile(8, 256)]
+    x2, residual, weight = _norm_inputs(1, 384, torch.float16)
+    awq_rows_add_rms_norm(
+        x2, residual, weight, 1e-6, qweight, zeros, scales, 128, chunk, gated=True
+    )
+    assert asked[-1] == ("gated", 40, 384) and len(launched) == 1  # declined: the row GEMV
     awq_rows(_x(2, 384, torch.float16), qweight, zeros, scales, 128, chunk)
     monkeypatch.setattr(wide, "WIDE_MIN_K", 0)
     awq_rows(x, qweight, zeros, scales, 128, chunk)
-    assert len(asked) == 1
+    assert len(asked) == 2 and len(launched) == 1
 
 
 def test_default_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a measured row: 8 columns over 4096 activations plain, 4 over 2048 with the
-    prologue (or gated); a measured ``awq_wide_*`` row wins."""
+    prologue, none gated (the row GEMV); a measured ``awq_wide_*`` row wins, the gated
+    launch's included."""
     cpu = torch.device("cpu")
     assert wide.wide_tile(cpu, "plain", 4096, 4096) == WideTile(8, 4096)
     assert wide.wide_tile(cpu, "norm", 6144, 4096) == WideTile(4, 2048)
-    assert wide.wide_tile(cpu, "gated", 28672, 4096) == WideTile(4, 2048)
+    assert wide.wide_tile(cpu, "gated", 28672, 4096) is None
     found = {"block_n": 16, "block_k": 2048, "num_warps": 4}
-    monkeypatch.setattr(
-        wide, "tuned_config", lambda *a: found if a[1] == "awq_wide_norm_c128" else None
-    )
+    rows = ("awq_wide_norm_c128", "awq_wide_gated_c128")
+    monkeypatch.setattr(wide, "tuned_config", lambda *a: found if a[1] in rows else None)
     assert wide.wide_tile(cpu, "norm", 6144, 4096) == WideTile(16, 2048)
+    assert wide.wide_tile(cpu, "gated", 28672, 4096) == WideTile(16, 2048)
     assert wide.wide_tile(cpu, "plain", 6144, 4096) == WideTile(8, 4096)
