@@ -4,6 +4,10 @@
 # previous call's packages otherwise), puts them on PYTHONPATH, and defines py SECONDS ARGS
 # (python3 under a timeout) and w2 NAME [ARGS] (W2 into $OUT/w2_NAME.*, the .gpu/qwen3 folder).
 # A failed install ends the calling script.
+# The card's name is printed and BW set to its copy rate in GB/s (H100 3350, else 4100).
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "$GPU_NAME"
+case "$GPU_NAME" in *H100*) BW=3350 ;; *) BW=4100 ;; esac
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 ENGINE_COMMIT="${ENGINE_COMMIT:-}"
 python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site \
     .whl/*.whl || exit 1

@@ -16,10 +16,7 @@
 set -uo pipefail
 MODE="${1:-sweep}"
 export PYTHONUNBUFFERED=1
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "$name"
-case "$name" in *H100*) BW=3350 ;; *) BW=4100 ;; esac
-source benchmarks/device_install.sh
+source benchmarks/device_install.sh  # prints the card's name, sets BW (its copy rate, GB/s)
 if [ "$MODE" = sweep ]; then
     py "${LORA_SECONDS:-160}" benchmarks/lora_gpu.py --parts decode \
         --decode-runs "${LORA_RUNS:-base,adapter,adapter_merged}" --out "$OUT/lora_decode.json" \

@@ -8,15 +8,13 @@
 # more), AWQ with wide off (round 15's default), FP8.
 #   confirm: the wide GEMV's GPU tests and the 8B launches again (its accumulators summed
 #   over a chunk's words each slice since call 1: fewer registers), W2 on the 8B shape (bf16,
-#   AWQ with the tiles this call measured, AWQ narrow, FP8), then W1 (1024 x 512 in / 256 out) of the 0.6B shape with the bf16 and
-#   the fp8 KV cache and of the 8B shape in bf16 and FP8.
+#   AWQ with the tiles this call measured, AWQ narrow, FP8), then W1 (1024 x 512 in / 256
+#   out) of the 0.6B shape with the bf16 and the fp8 KV cache and of the 8B shape in bf16
+#   and FP8.
 set -uo pipefail
 MODE="${1:-sweep}"
 export PYTHONUNBUFFERED=1
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "$name"
-case "$name" in *H100*) BW=3350 ;; *) BW=4100 ;; esac
-source benchmarks/device_install.sh
+source benchmarks/device_install.sh  # prints the card's name, sets BW (its copy rate, GB/s)
 w1() {  # w1 NAME MODEL [engine args]: offline W1, output tokens/s
     local name=$1 model=$2; shift 2
     py "${W1_SECONDS:-150}" -m engine.cli.main bench throughput --model "$model" \
