@@ -15,6 +15,7 @@ import torch
 from engine_awq import method as awq_method
 from engine_awq import rows
 from engine_awq.rows import ROWS_MAX_TOKENS, RowsTile, awq_rows, awq_rows_add_rms_norm
+from engine_awq.wide import WideTile
 from engine_sdk.layers import fused_ops
 from test_awq_w4a16 import TOLERANCE, _rel_err, _tiled, _x
 
@@ -65,14 +66,16 @@ def test_float32_is_exact_to_rounding() -> None:
         assert _rel_err(out, _want(x, reference, None)) <= 1e-6
 
 
-def test_every_chunk_and_column_reaches_the_output() -> None:
+@pytest.mark.parametrize("tile", [RowsTile(16, 256), WideTile(16, 256)], ids=["rows", "wide"])
+def test_every_chunk_and_column_reaches_the_output(tile: RowsTile | WideTile) -> None:
     """Activations that are zero outside one chunk give exactly that chunk's product, for
-    every chunk (a step that skipped or repeated chunks fails), in every column."""
+    every chunk (a step that skipped or repeated chunks fails), in every column; for the
+    row GEMV and the wide one (``engine_awq.wide``)."""
     qweight, zeros, scales, chunk, reference = _tiled(640, 40, 128, seed=6)
     for c in range(640 // chunk):
         x = torch.zeros(1, 640, dtype=torch.float16, device=DEVICE)
         x[:, c * chunk : (c + 1) * chunk] = _x(1, chunk, torch.float16, seed=c)
-        out = awq_rows(x, qweight, zeros, scales, 128, chunk, tile=RowsTile(16, 256))
+        out = awq_rows(x, qweight, zeros, scales, 128, chunk, tile=tile)
         want = _want(x, reference, None)
         assert (want.abs() > 0).all()
         assert _rel_err(out, want) <= TOLERANCE[torch.float16], c
@@ -107,26 +110,31 @@ def test_add_rms_norm_equals_norm_then_rows(
     assert _rel_err(out, unfused) <= TOLERANCE[dtype] / 4
 
 
-@pytest.mark.parametrize("tokens", [1, 2])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_gated_equals_norm_rows_then_silu(tokens: int, dtype: torch.dtype) -> None:
-    """A merged ``[gate | up]`` (36 + 36 columns, the tile of 8 cut short): ``silu(gate) *
-    up`` of the unfused launches (add+norm, the merged product, the SiLU kernel); a
-    program that read the wrong up columns or their scales fails."""
+def check_gated(tokens: int, dtype: torch.dtype, tile: RowsTile | WideTile) -> None:
+    """A merged ``[gate | up]`` (36 + 36 columns, a tile of 8 cut short) launched gated with
+    ``tile``: ``silu(gate) * up`` of the unfused launches (add+norm, the merged product by
+    the row GEMV, the SiLU kernel); a program that read the wrong up columns or their
+    scales fails."""
     qweight, zeros, scales, chunk, reference = _tiled(384, 72, 64, seed=7)
     x, residual, weight = _norm_inputs(tokens, 384, dtype)
     bias = torch.randn(72, generator=torch.Generator().manual_seed(8)).to(DEVICE, dtype)
     out, new_residual = awq_rows_add_rms_norm(
         x, residual, weight, 1e-6, qweight, zeros, scales, 64, chunk, bias, gated=True,
-        tile=RowsTile(block_n=8),
+        tile=tile,
     )  # fmt: skip
     normed, summed = fused_ops.add_rms_norm(x, residual, weight, 1e-6)
     assert torch.equal(new_residual, summed) and out.shape == (tokens, 36)
-    gate_up = awq_rows(normed, qweight, zeros, scales, 64, chunk, bias)
+    gate_up = awq_rows(normed, qweight, zeros, scales, 64, chunk, bias, RowsTile())
     want = fused_ops.silu_and_mul(gate_up[:, :36], gate_up[:, 36:])
     assert _rel_err(out, want) <= TOLERANCE[dtype] / 4
     swapped = fused_ops.silu_and_mul(gate_up[:, 36:], gate_up[:, :36])
     assert _rel_err(out, swapped) > 10 * TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("tokens", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_gated_equals_norm_rows_then_silu(tokens: int, dtype: torch.dtype) -> None:
+    check_gated(tokens, dtype, RowsTile(block_n=8))
 
 
 def test_reads_strided_views() -> None:

@@ -1,6 +1,7 @@
 """The one-token AWQ GEMV for long rows (``engine_awq.wide``; Triton's interpreter on a
 CPU, the real kernel on a GPU): equal to the dequantized-weight product for group sizes
-32 / 64 / 128, a last step of masked chunks and a last column tile cut short; float32
+32 / 64 / 128, a last step of masked chunks and a last column tile cut short (every chunk
+and column reaching the output: ``test_awq_rows.py``); float32
 exact to summation; the add+RMSNorm and gated launches equal the unfused kernels; the row
 GEMV sends one-token calls on rows of ``WIDE_MIN_K`` or more here and others not."""
 
@@ -12,7 +13,7 @@ from engine_awq import wide
 from engine_awq.rows import RowsTile, awq_rows, awq_rows_add_rms_norm
 from engine_awq.wide import WideTile
 from engine_sdk.layers import fused_ops
-from test_awq_rows import _norm_inputs, _want
+from test_awq_rows import _norm_inputs, _want, check_gated
 from test_awq_w4a16 import TOLERANCE, _rel_err, _tiled, _x
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -53,18 +54,6 @@ def test_float32_is_exact_to_summation() -> None:
         assert _rel_err(out, _want(x, reference, None)) <= 1e-6, scale
 
 
-def test_every_chunk_and_column_reaches_the_output() -> None:
-    """Activations zero outside one chunk give that chunk's product, in every column."""
-    qweight, zeros, scales, chunk, reference = _tiled(640, 40, 128, seed=6)
-    for c in range(640 // chunk):
-        x = torch.zeros(1, 640, dtype=torch.float16, device=DEVICE)
-        x[:, c * chunk : (c + 1) * chunk] = _x(1, chunk, torch.float16, seed=c)
-        out = awq_rows(x, qweight, zeros, scales, 128, chunk, tile=WideTile(16, 256))
-        want = _want(x, reference, None)
-        assert (want.abs() > 0).all()
-        assert _rel_err(out, want) <= TOLERANCE[torch.float16], c
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_add_rms_norm_equals_norm_then_wide(dtype: torch.dtype) -> None:
     """The new residual is exactly ``x + residual``; the output is the add+norm kernel's
@@ -85,22 +74,8 @@ def test_add_rms_norm_equals_norm_then_wide(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_gated_equals_norm_wide_then_silu(dtype: torch.dtype) -> None:
-    """A merged ``[gate | up]`` (36 + 36 columns, the tile of 8 cut short): ``silu(gate) *
-    up`` of the unfused launches; reading the wrong half for either fails."""
-    qweight, zeros, scales, chunk, reference = _tiled(384, 72, 64, seed=7)
-    x, residual, weight = _norm_inputs(1, 384, dtype)
-    bias = torch.randn(72, generator=torch.Generator().manual_seed(8)).to(DEVICE, dtype)
-    out, new_residual = awq_rows_add_rms_norm(
-        x, residual, weight, 1e-6, qweight, zeros, scales, 64, chunk, bias, gated=True,
-        tile=WideTile(8, 128),
-    )  # fmt: skip
-    normed, summed = fused_ops.add_rms_norm(x, residual, weight, 1e-6)
-    assert torch.equal(new_residual, summed) and out.shape == (1, 36)
-    gate_up = awq_rows(normed, qweight, zeros, scales, 64, chunk, bias, RowsTile())
-    want = fused_ops.silu_and_mul(gate_up[:, :36], gate_up[:, 36:])
-    assert _rel_err(out, want) <= TOLERANCE[dtype] / 4
-    swapped = fused_ops.silu_and_mul(gate_up[:, 36:], gate_up[:, :36])
-    assert _rel_err(out, swapped) > 10 * TOLERANCE[dtype]
+    """``silu(gate) * up`` of the unfused launches (``check_gated``)."""
+    check_gated(1, dtype, WideTile(8, 128))
 
 
 def test_reads_strided_views() -> None:
