@@ -6,11 +6,11 @@
 # engine_awq.wide, with the wide tiles swept first), whose AWQ table goes into the installed
 # plugin; then W2 on the 8B shape: bf16, AWQ (today's default: wide on rows of 4096 or
 # more), AWQ with wide off (round 15's default), FP8.
-#   confirm: the wide GEMV's GPU tests and the 8B launches again (its accumulators summed
-#   over a chunk's words each slice since call 1: fewer registers), W2 on the 8B shape (bf16,
-#   AWQ with the tiles this call measured, AWQ narrow, FP8), then W1 (1024 x 512 in / 256
-#   out) of the 0.6B shape with the bf16 and the fp8 KV cache and of the 8B shape in bf16
-#   and FP8.
+#   confirm: the wide GEMV's GPU tests (its accumulators summed over a chunk's words each
+#   slice since call 1: fewer registers), W2 on the 8B shape (bf16, AWQ as today's default,
+#   AWQ narrow, FP8), W1 (1024 x 512 in / 256 out) of the 8B shape in bf16 and FP8 and of
+#   the 0.6B shape with the bf16 and the fp8 KV cache, then (SWEEP_S > 0) the 8B launches
+#   again.
 set -uo pipefail
 MODE="${1:-sweep}"
 export PYTHONUNBUFFERED=1
@@ -24,17 +24,17 @@ w1() {  # w1 NAME MODEL [engine args]: offline W1, output tokens/s
 }
 if [ "$MODE" = confirm ]; then
     py 60 -m pytest -q -p no:cacheprovider plugins/awq/tests/test_awq_wide.py 2>&1 | tail -2
-    py "${SWEEP_TIMEOUT:-120}" benchmarks/rows_gemv_gpu.py --models Llama-3.1-8B \
-        --sweep-s "${SWEEP_S:-70}" --copy-gbps "$BW" --out "$OUT/rows_gemv.json" \
-        --write-tuned "$OUT/tuned" 2>&1 | grep -v "^   \|\.\.\.$" | tee "$OUT/rows_gemv.txt" | tail -9
-    cp "$OUT"/tuned/engine_awq/*.json /tmp/site2/engine_awq/tuned/ && echo "AWQ tiles installed"
     py "${W2_SECONDS:-150}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b \
         --variants "${W2_VARIANTS:-bf16,awq_rows,awq_narrow,fp8_rows}" \
         --out "$OUT/w2_llama8b.json" 2>&1 | tail -6
-    w1 qwen06b_bf16 .gpu/qwen3
-    w1 qwen06b_fp8kv .gpu/qwen3 --kv-cache-dtype fp8
     w1 llama8b_bf16 /tmp/quant_decode/llama-8b
     w1 llama8b_fp8 /tmp/quant_decode/llama-8b --quantization fp8
+    w1 qwen06b_bf16 .gpu/qwen3
+    w1 qwen06b_fp8kv .gpu/qwen3 --kv-cache-dtype fp8
+    [ "${SWEEP_S:-60}" = 0 ] || py "${SWEEP_TIMEOUT:-100}" benchmarks/rows_gemv_gpu.py \
+        --models Llama-3.1-8B --sweep-s "${SWEEP_S:-60}" --copy-gbps "$BW" \
+        --out "$OUT/rows_gemv.json" --write-tuned "$OUT/tuned" 2>&1 \
+        | grep -v "^   \|\.\.\.$" | tee "$OUT/rows_gemv.txt" | tail -9
     exit 0
 fi
 py "${TESTS_SECONDS:-120}" -m pytest -q -p no:cacheprovider plugins/awq/tests/test_awq_wide.py \
