@@ -9,8 +9,9 @@
 #   confirm: the wide GEMV's GPU tests (its accumulators summed over a chunk's words each
 #   slice since call 1: fewer registers), W2 on the 8B shape (bf16, AWQ as today's default,
 #   AWQ narrow, FP8), W1 (1024 x 512 in / 256 out) of the 8B shape in bf16 and FP8 and of
-#   the 0.6B shape with the bf16 and the fp8 KV cache, then (SWEEP_S > 0) the 8B launches
-#   again.
+#   the 0.6B shape with the fp8 and the bf16 KV cache (W1_RUNS: which of llama8b_fp8,
+#   llama8b_bf16, qwen06b_fp8kv, qwen06b_bf16 run, in that order), then (SWEEP_S > 0) the
+#   8B launches again.
 set -uo pipefail
 MODE="${1:-sweep}"
 export PYTHONUNBUFFERED=1
@@ -27,10 +28,11 @@ if [ "$MODE" = confirm ]; then
     py "${W2_SECONDS:-150}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b \
         --variants "${W2_VARIANTS:-bf16,awq_rows,awq_narrow,fp8_rows}" \
         --out "$OUT/w2_llama8b.json" 2>&1 | tail -6
-    w1 llama8b_bf16 /tmp/quant_decode/llama-8b
-    w1 llama8b_fp8 /tmp/quant_decode/llama-8b --quantization fp8
-    w1 qwen06b_bf16 .gpu/qwen3
-    w1 qwen06b_fp8kv .gpu/qwen3 --kv-cache-dtype fp8
+    W1_RUNS=" ${W1_RUNS:-llama8b_bf16 llama8b_fp8 qwen06b_bf16 qwen06b_fp8kv} "
+    [[ $W1_RUNS = *" llama8b_fp8 "* ]] && w1 llama8b_fp8 /tmp/quant_decode/llama-8b --quantization fp8
+    [[ $W1_RUNS = *" llama8b_bf16 "* ]] && w1 llama8b_bf16 /tmp/quant_decode/llama-8b
+    [[ $W1_RUNS = *" qwen06b_fp8kv "* ]] && w1 qwen06b_fp8kv .gpu/qwen3 --kv-cache-dtype fp8
+    [[ $W1_RUNS = *" qwen06b_bf16 "* ]] && w1 qwen06b_bf16 .gpu/qwen3
     [ "${SWEEP_S:-60}" = 0 ] || py "${SWEEP_TIMEOUT:-100}" benchmarks/rows_gemv_gpu.py \
         --models Llama-3.1-8B --sweep-s "${SWEEP_S:-60}" --copy-gbps "$BW" \
         --out "$OUT/rows_gemv.json" --write-tuned "$OUT/tuned" 2>&1 \
