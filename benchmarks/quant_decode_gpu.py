@@ -18,7 +18,8 @@ where its table has them, and :mod:`engine_awq.wide` for rows of 4096 or more;
 ``awq_narrow`` the row GEMV on every launch, as before round 16; ``awq_rows_default``
 the built-in tile on every launch,
 ``awq_rows8`` eight columns a program over 1024 activations a step, ``awq_rows_k4096``
-4096 activations a step), ``awq_gemv``: its split-K GEMV (``ENGINE_AWQ_ROW_GEMV=0``),
+4096 activations a step), ``*_unfused``: the decoder's add+RMSNorm and SiLU-and-mul kernels as their own launches
+(``ENGINE_FUSED_NORM=0``), ``awq_gemv``: its split-K GEMV (``ENGINE_AWQ_ROW_GEMV=0``),
 ``old`` rows ``ENGINE_QUANT_GEMV=0``. The table gives ms per output token and the ratio to
 bf16 of the same shape (< 1: faster than bf16).
 """
@@ -87,6 +88,16 @@ VARIANTS: list[tuple[str, str, list[str], dict[str, str | None]]] = [
         },
     ),
     ("awq_rows_k4096", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_ROWS_BLOCK_K": "4096"}),
+    # the decoder's add+RMSNorm (and SiLU-and-mul) kernels as their own launches, the
+    # projections' GEMVs plain: no per-program norm prologue, no per-weight normalization
+    ("awq_unfused", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_FUSED_NORM": "0"}),
+    (
+        "fp8_unfused",
+        "base",
+        ["--quantization", "fp8"],
+        {"ENGINE_QUANT_GEMV": "1", "ENGINE_FUSED_NORM": "0"},
+    ),
+    ("bf16_unfused", "base", [], {"ENGINE_QUANT_GEMV": None, "ENGINE_FUSED_NORM": "0"}),
     ("awq_gemv", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_ROW_GEMV": "0"}),
     ("awq_old", "awq", [], {"ENGINE_QUANT_GEMV": "0"}),
 ]
