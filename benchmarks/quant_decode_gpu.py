@@ -9,16 +9,17 @@ Run from the repository root with Engine importable (installed or on ``PYTHONPAT
 ``--model`` is a Qwen3-0.6B-shaped folder (config and tokenizer; weights are dummy); the
 Llama-3.1-8B shape reuses its tokenizer. Online FP8 comes from ``--quantization fp8``, AWQ
 from a copy of the folder whose config declares AutoAWQ 4-bit (group 128). ``fp8_rows``:
-the SDK's row GEMV with the fp8 weight at one row (the default: 4 weight rows a program,
-2 gate rows in the gated launch; ``fp8_rows4`` 4 rows in the plain and norm launches and
-1 in the gated one, as round 15 measured it; ``fp8_rows2`` round 14's 2 and 1),
-``fp8_gemv``: the plugin's split-K GEMV (``ENGINE_FP8_ROW_GEMV=0``), ``awq_rows``: the AWQ
-row GEMV at one token (:mod:`engine_awq.rows`, the default, with the GPU's measured tiles
-where its table has them, and :mod:`engine_awq.wide` for rows of 4096 or more;
-``awq_narrow`` the row GEMV on every launch, as before round 16; ``awq_rows_default``
-the built-in tile on every launch,
-``awq_rows8`` eight columns a program over 1024 activations a step, ``awq_rows_k4096``
-4096 activations a step), ``*_unfused``: the decoder's add+RMSNorm and SiLU-and-mul kernels as their own launches
+the SDK's row GEMV with the fp8 weight at one row (the default: 4 weight rows a program, 2
+gate rows in the gated launch; ``fp8_rows4`` 4 rows in the plain and norm launches and 1 in
+the gated one, as round 15 measured it; ``fp8_rows2`` round 14's 2 and 1), ``fp8_gemv``:
+the plugin's split-K GEMV (``ENGINE_FP8_ROW_GEMV=0``), ``awq_rows``: the AWQ row GEMV at
+one token (:mod:`engine_awq.rows`, the default, with the GPU's measured tiles where its
+table has them, and :mod:`engine_awq.wide` for rows of 4096 or more; the norm and SiLU left
+to the decoder's kernels on rows longer than 2048; ``awq_fused`` them fused on every row,
+as in round 16's first calls; ``awq_narrow`` the row GEMV on every launch, as before round
+16; ``awq_rows_default`` the built-in tile on every launch, ``awq_rows8`` eight columns a
+program over 1024 activations a step, ``awq_rows_k4096`` 4096 activations a step),
+``*_unfused``: the decoder's add+RMSNorm and SiLU-and-mul kernels as their own launches
 (``ENGINE_FUSED_NORM=0``), ``awq_gemv``: its split-K GEMV (``ENGINE_AWQ_ROW_GEMV=0``),
 ``old`` rows ``ENGINE_QUANT_GEMV=0``. The table gives ms per output token and the ratio to
 bf16 of the same shape (< 1: faster than bf16).
@@ -73,6 +74,8 @@ VARIANTS: list[tuple[str, str, list[str], dict[str, str | None]]] = [
         {"ENGINE_QUANT_GEMV": "0", "ENGINE_FP8_ROW_GEMV": "0"},
     ),
     ("awq_rows", "awq", [], {"ENGINE_QUANT_GEMV": "1"}),
+    # round 16's calls 1-2: the norm and SiLU fused into the one-token GEMVs on every row
+    ("awq_fused", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_FUSE_NORM_MAX_K": "65536"}),
     # round 15's default: the row GEMV on every launch, engine_awq.wide off
     ("awq_narrow", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_WIDE_MIN_K": "0"}),
     # the built-in tile on every launch: the sweep switch makes rows_tile skip the GPU's table

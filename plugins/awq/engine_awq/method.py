@@ -16,7 +16,13 @@ to retune from ``benchmarks/quant_gemv_gpu.py`` / ``quant_kernels_gpu.py``:
   bf16 GEMV), which also takes the decoder's add+RMSNorm
   (:meth:`AwqLinearMethod.apply_add_rms_norm`) and, for the merged gate/up, the SiLU
   (:meth:`AwqLinearMethod.apply_add_rms_norm_silu`), so a one-token step has as many
-  launches as bf16's; ``ENGINE_AWQ_ROW_GEMV`` sets the tokens (0: off). Measured on an
+  launches as bf16's, on rows of at most ``ROWS_FUSE_NORM_MAX_K`` activations
+  (``ENGINE_AWQ_FUSE_NORM_MAX_K``). Longer rows leave the add+RMSNorm and the SiLU to the
+  decoder's own kernels: the fused launches normalize the activations in every program,
+  which made the gate/up launch issue-bound (7.5 instructions a weight in sm90 code against
+  4.8 without the norm), and on the Llama-3.1-8B shape (hidden 4096) the three extra
+  launches a layer cost less than that (W2 on an H100, 2026-12-07: 3.147 against 3.585 ms a
+  token). ``ENGINE_AWQ_ROW_GEMV`` sets the tokens (0: off). Measured on an
   H100 (2026-12-06) at one token it beats the split-K GEMV on both shapes: W2 0.6B 1.010
   against 1.336 ms a token, 8B 3.815 against 4.189;
 - tiled, fp16/bf16 activations, up to ``GEMV_MAX_TOKENS`` tokens (decode): ``gemv``, the
@@ -63,6 +69,7 @@ from engine_awq.tiled import dequantize_tiled, pick_chunk, repack_tiled
 __all__ = [
     "DOT_MAX_TOKENS",
     "ROWS_MAX_TOKENS",
+    "ROWS_FUSE_NORM_MAX_K",
     "ROWS_NORM_MAX_K",
     "ROW_GEMV_MAX_TOKENS",
     "FMA_MAX_TOKENS",
@@ -77,6 +84,8 @@ __all__ = [
 GEMV_MAX_TOKENS = 16 if quant_gemv_enabled() else 0
 ROWS_MAX_TOKENS = 4  # the row GEMV (engine_awq.rows) takes 1 to this many rows
 ROWS_NORM_MAX_K = 8192  # ... and its add+RMSNorm prologue rows of at most this length
+# one-token rows longer than this leave the add+RMSNorm and SiLU to the decoder's kernels
+ROWS_FUSE_NORM_MAX_K = int(os.environ.get("ENGINE_AWQ_FUSE_NORM_MAX_K", "2048"))
 # the row GEMV up to here, within the gemv path: one token, until a sweep measures more
 ROW_GEMV_MAX_TOKENS = min(
     GEMV_MAX_TOKENS, ROWS_MAX_TOKENS, int(os.environ.get("ENGINE_AWQ_ROW_GEMV", "1"))
@@ -341,13 +350,16 @@ def _norm_fusion_path(
 ) -> str | None:
     """The GEMV that takes the add+RMSNorm of this call: ``rows`` (rows of at most
     ``ROWS_NORM_MAX_K``), ``gemv`` (the split-K GEMV's prologue, also for longer rows on
-    the ``rows`` path), or None (operands no prologue takes, or another path)."""
+    the ``rows`` path), or None (operands no prologue takes, another path, or rows longer
+    than ``ROWS_FUSE_NORM_MAX_K`` on the ``rows`` path: the module docstring)."""
     from engine_sdk.layers.split_k import fuses_add_rms_norm
 
     if not fuses_add_rms_norm(x, residual, norm_weight):  # [M, K] with M <= NORM_MAX_ROWS
         return None
     path = select_path(layer, x.shape[0], x.dtype)
     if path == "rows":
+        if x.shape[1] > ROWS_FUSE_NORM_MAX_K:
+            return None
         return "rows" if x.shape[1] <= ROWS_NORM_MAX_K else "gemv"
     return "gemv" if path == "gemv" else None
 

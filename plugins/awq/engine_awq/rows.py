@@ -2,7 +2,8 @@
 """Row GEMV for one (to ``ROWS_MAX_TOKENS``) decode token on the tiled AWQ layout: the
 launch shape of the SDK's bf16 row GEMV (:mod:`engine_sdk.layers.gemv`) reading a quarter
 of its bytes, with the add+RMSNorm prologue and the gated SiLU epilogue, so an AWQ decode
-step has as many launches as a bf16 one::
+step has as many launches as a bf16 one (on rows the method fuses the norm into:
+``engine_awq.method.ROWS_FUSE_NORM_MAX_K``)::
 
     program p:  output columns n = p * BLOCK_N .. +BLOCK_N, the whole of K
                 (no split-K parts, no counters, no reduction)

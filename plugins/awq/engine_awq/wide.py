@@ -36,7 +36,9 @@ one for this GPU and launch (``engine_awq/tuned/<device>.json``, kernel
 ``awq_wide_<plain|norm|gated>_c<chunk>``), else 8 columns (4 gate and 4 up columns when
 gated) over 4096 activations. ``ENGINE_AWQ_WIDE_MIN_K`` sets the shortest row that takes
 it (default 4096: the Llama-3.1-8B shape's projections, not the Qwen3-0.6B shape's; 0:
-never).
+never). The norm and gated launches run only where the method fuses the norm into a
+one-token GEMV, rows of at most ``engine_awq.method.ROWS_FUSE_NORM_MAX_K`` (default 2048,
+below this GEMV's rows): by default the wide GEMV takes the plain launches alone.
 """
 
 from __future__ import annotations

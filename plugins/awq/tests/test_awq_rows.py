@@ -3,8 +3,9 @@ a GPU): equal to the dequantized-weight product for 1 to 4 rows, group sizes 32 
 64- and 32-row chunks, a last step with masked chunks and a last column tile cut short;
 with the add+RMSNorm prologue equal to the decoder's add+norm kernel then the plain
 launch, and gated equal to that then the SiLU kernel; the method sends one-token calls
-there (``ENGINE_AWQ_ROW_GEMV=0`` back to the split-K GEMV) and a tiny Qwen3 decode row
-takes the fused launches with the logits of the checkpoint layout."""
+there (``ENGINE_AWQ_ROW_GEMV=0`` back to the split-K GEMV), leaves the norm of rows past
+``ROWS_FUSE_NORM_MAX_K`` to the decoder, and a tiny Qwen3 decode row takes the fused
+launches (or, past the limit, the plain ones) with the logits of the checkpoint layout."""
 
 from __future__ import annotations
 
@@ -197,14 +198,43 @@ def test_method_sends_one_token_to_the_row_gemv(monkeypatch: pytest.MonkeyPatch)
     assert _rel_err(split_k, normed) <= TOLERANCE[torch.float16]
 
 
+def test_method_leaves_the_norm_of_long_rows_to_the_decoder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One-token rows longer than ``ROWS_FUSE_NORM_MAX_K`` (``ENGINE_AWQ_FUSE_NORM_MAX_K``):
+    ``apply_add_rms_norm`` and ``apply_add_rms_norm_silu`` return None (the decoder runs
+    its add+RMSNorm and SiLU kernels) and ``apply`` still takes the row GEMV; rows of
+    exactly the limit take the fused launches."""
+    from test_awq_merge import _layers
+
+    layer = _layers(group_size=64, sizes_and_gains=((72, 1.0),))[0]
+    if layer.awq_chunk is None:
+        assert layer.quant_method.repack(layer)
+    method = layer.quant_method
+    plain, fused = _spy(monkeypatch, "awq_rows"), _spy(monkeypatch, "awq_rows_add_rms_norm")
+    x, residual, weight = _norm_inputs(1, 128, torch.float16)
+    monkeypatch.setattr(awq_method, "ROWS_FUSE_NORM_MAX_K", 127)
+    assert method.apply_add_rms_norm(layer, x, residual, weight, 1e-6) is None
+    assert method.apply_add_rms_norm_silu(layer, x, residual, weight, 1e-6) is None
+    reference = method.dequantize_weight(layer, torch.float32).t()
+    assert _rel_err(method.apply(layer, x), _want(x, reference, None)) <= TOLERANCE[torch.float16]
+    assert len(plain) == 1 and fused == []
+    monkeypatch.setattr(awq_method, "ROWS_FUSE_NORM_MAX_K", 128)
+    assert method.apply_add_rms_norm(layer, x, residual, weight, 1e-6) is not None
+    assert len(fused) == 1
+
+
 @pytest.mark.skipif(DEVICE == "cuda", reason="builds the model on the CPU")
+@pytest.mark.parametrize("long_rows", [False, True], ids=["fused", "rows-past-the-limit"])
 def test_tiny_qwen3_decode_row_takes_the_fused_launches(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, long_rows: bool
 ) -> None:
     """One token through a tiny AWQ Qwen3 on the tiled layout (merged projections): every
     gate/up takes the gated launch, q/k/v after the first layer the add+RMSNorm one, o and
-    down (and the first q/k/v) the plain one; tokens and logits equal the checkpoint
-    layout's (torch dequantize path)."""
+    down (and the first q/k/v) the plain one; with its rows longer than
+    ``ROWS_FUSE_NORM_MAX_K`` every projection takes the plain launch after the decoder's
+    own add+RMSNorm (and SiLU-and-mul). Tokens and logits equal the checkpoint layout's
+    (torch dequantize path) either way."""
     from engine_sdk.layers import decoder
     from engine_sdk.testing.quantized_model import greedy
     from test_awq_merge import reference_and_tiled_models
@@ -214,12 +244,17 @@ def test_tiny_qwen3_decode_row_takes_the_fused_launches(
         monkeypatch.delenv(switch, raising=False)
     decoder._fused_norm_enabled.cache_clear()
     decoder._fused_silu_enabled.cache_clear()
+    hidden = tiled.model.layers[0].mlp.gate_up_proj.tiled_qweight.shape[1] * 8
+    monkeypatch.setattr(awq_method, "ROWS_FUSE_NORM_MAX_K", hidden - 1 if long_rows else hidden)
     plain, fused = _spy(monkeypatch, "awq_rows"), _spy(monkeypatch, "awq_rows_add_rms_norm")
     tokens, logits = greedy(tiled, [42], 1)
     layers = len(tiled.model.layers)
-    assert [c.get("gated", False) for c in fused].count(True) == layers
-    assert len(fused) == 2 * layers - 1  # the first layer's norm has no residual yet
-    assert len(plain) == 2 * layers + 1  # o, down; the first q/k/v
+    if long_rows:
+        assert fused == [] and len(plain) == 4 * layers  # q/k/v, o, gate/up, down
+    else:
+        assert [c.get("gated", False) for c in fused].count(True) == layers
+        assert len(fused) == 2 * layers - 1  # the first layer's norm has no residual yet
+        assert len(plain) == 2 * layers + 1  # o, down; the first q/k/v
     want_tokens, want_logits = greedy(reference, [42], 1)
     assert tokens == want_tokens
     torch.testing.assert_close(logits.float(), want_logits.float(), rtol=2e-2, atol=2e-2)
