@@ -16,8 +16,9 @@ set -uo pipefail
 MODE="${1:-sweep}"
 export PYTHONUNBUFFERED=1
 source benchmarks/device_install.sh  # prints the card's name, sets BW (its copy rate, GB/s)
-w1() {  # w1 NAME MODEL [engine args]: offline W1, output tokens/s
+w1() {  # w1 NAME MODEL [engine args]: offline W1, output tokens/s (NAME in W1_RUNS only)
     local name=$1 model=$2; shift 2
+    [[ " $W1_RUNS " = *" $name "* ]] || return 0
     py "${W1_SECONDS:-150}" -m engine.cli.main bench throughput --model "$model" \
         --load-format dummy --dtype bfloat16 --num-prompts 1024 --input-len 512 \
         --output-len 256 "$@" --save-result "$OUT/w1_$name.json" > "$OUT/w1_$name.log" 2>&1
@@ -28,11 +29,11 @@ if [ "$MODE" = confirm ]; then
     py "${W2_SECONDS:-150}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b \
         --variants "${W2_VARIANTS:-bf16,awq_rows,awq_narrow,fp8_rows}" \
         --out "$OUT/w2_llama8b.json" 2>&1 | tail -6
-    W1_RUNS=" ${W1_RUNS:-llama8b_bf16 llama8b_fp8 qwen06b_bf16 qwen06b_fp8kv} "
-    [[ $W1_RUNS = *" llama8b_fp8 "* ]] && w1 llama8b_fp8 /tmp/quant_decode/llama-8b --quantization fp8
-    [[ $W1_RUNS = *" llama8b_bf16 "* ]] && w1 llama8b_bf16 /tmp/quant_decode/llama-8b
-    [[ $W1_RUNS = *" qwen06b_fp8kv "* ]] && w1 qwen06b_fp8kv .gpu/qwen3 --kv-cache-dtype fp8
-    [[ $W1_RUNS = *" qwen06b_bf16 "* ]] && w1 qwen06b_bf16 .gpu/qwen3
+    W1_RUNS="${W1_RUNS:-llama8b_bf16 llama8b_fp8 qwen06b_bf16 qwen06b_fp8kv}"
+    w1 llama8b_fp8 /tmp/quant_decode/llama-8b --quantization fp8
+    w1 llama8b_bf16 /tmp/quant_decode/llama-8b
+    w1 qwen06b_fp8kv .gpu/qwen3 --kv-cache-dtype fp8
+    w1 qwen06b_bf16 .gpu/qwen3
     [ "${SWEEP_S:-60}" = 0 ] || py "${SWEEP_TIMEOUT:-100}" benchmarks/rows_gemv_gpu.py \
         --models Llama-3.1-8B --sweep-s "${SWEEP_S:-60}" --copy-gbps "$BW" \
         --out "$OUT/rows_gemv.json" --write-tuned "$OUT/tuned" 2>&1 \

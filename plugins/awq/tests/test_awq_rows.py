@@ -168,15 +168,21 @@ def _spy(monkeypatch: pytest.MonkeyPatch, name: str) -> list[dict]:
     return calls
 
 
-def test_method_sends_one_token_to_the_row_gemv(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``apply`` / ``apply_add_rms_norm`` / ``apply_add_rms_norm_silu`` of a tiled layer:
-    the row launches at one token; two tokens (and ``ROW_GEMV_MAX_TOKENS`` 0, what
-    ``ENGINE_AWQ_ROW_GEMV=0`` sets) keep the split-K GEMV and refuse the gated call."""
+def _tiled_layer() -> torch.nn.Module:
+    """One AWQ layer (K 128, N 72, group 64) on the tiled layout."""
     from test_awq_merge import _layers
 
     layer = _layers(group_size=64, sizes_and_gains=((72, 1.0),))[0]
     if layer.awq_chunk is None:
         assert layer.quant_method.repack(layer)
+    return layer
+
+
+def test_method_sends_one_token_to_the_row_gemv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``apply`` / ``apply_add_rms_norm`` / ``apply_add_rms_norm_silu`` of a tiled layer:
+    the row launches at one token; two tokens (and ``ROW_GEMV_MAX_TOKENS`` 0, what
+    ``ENGINE_AWQ_ROW_GEMV=0`` sets) keep the split-K GEMV and refuse the gated call."""
+    layer = _tiled_layer()
     method = layer.quant_method
     plain, fused = _spy(monkeypatch, "awq_rows"), _spy(monkeypatch, "awq_rows_add_rms_norm")
     reference = method.dequantize_weight(layer, torch.float32).t()
@@ -205,11 +211,7 @@ def test_method_leaves_the_norm_of_long_rows_to_the_decoder(
     ``apply_add_rms_norm`` and ``apply_add_rms_norm_silu`` return None (the decoder runs
     its add+RMSNorm and SiLU kernels) and ``apply`` still takes the row GEMV; rows of
     exactly the limit take the fused launches."""
-    from test_awq_merge import _layers
-
-    layer = _layers(group_size=64, sizes_and_gains=((72, 1.0),))[0]
-    if layer.awq_chunk is None:
-        assert layer.quant_method.repack(layer)
+    layer = _tiled_layer()
     method = layer.quant_method
     plain, fused = _spy(monkeypatch, "awq_rows"), _spy(monkeypatch, "awq_rows_add_rms_norm")
     x, residual, weight = _norm_inputs(1, 128, torch.float16)
@@ -244,7 +246,7 @@ def test_tiny_qwen3_decode_row_takes_the_fused_launches(
         monkeypatch.delenv(switch, raising=False)
     decoder._fused_norm_enabled.cache_clear()
     decoder._fused_silu_enabled.cache_clear()
-    hidden = tiled.model.layers[0].mlp.gate_up_proj.tiled_qweight.shape[1] * 8
+    hidden = tiled.model.layers[0].input_layernorm.weight.numel()
     monkeypatch.setattr(awq_method, "ROWS_FUSE_NORM_MAX_K", hidden - 1 if long_rows else hidden)
     plain, fused = _spy(monkeypatch, "awq_rows"), _spy(monkeypatch, "awq_rows_add_rms_norm")
     tokens, logits = greedy(tiled, [42], 1)
