@@ -43,6 +43,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from engine_sdk.layers.pdl import pdl_launch, pdl_start
 from engine_sdk.layers.split_k import (
     NormArgs,
     norm_args,
@@ -193,7 +194,9 @@ def _gemv_kernel(
     NORM: tl.constexpr,
     NORM_M: tl.constexpr,
     NORM_BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     W: tl.constexpr = CHUNK // 8
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -372,6 +375,6 @@ def _launch(
         GROUP=group_size, CHUNK=chunk, NPG=npg, BLOCK_M=block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
         USE_DOT=use_dot, HAS_BIAS=bias is not None, SPLIT=plan.split > 1,
-        num_warps=config.num_warps, **norm_constants,
+        num_warps=config.num_warps, **norm_constants, **pdl_launch(x),
     )  # fmt: skip
     return plan.out

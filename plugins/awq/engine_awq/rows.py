@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import triton
 import triton.language as tl
+from engine_sdk.layers.pdl import pdl_launch, pdl_start
 from engine_sdk.layers.split_k import tuned_config
 
 from engine_awq.gemv import MAGIC_2_23, _codes, nibbles_per_group
@@ -200,12 +201,14 @@ def awq_rows_kernel(
     GROUP: tl.constexpr, CHUNK: tl.constexpr, NPG: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr = False, NORM_K: tl.constexpr = 16, GATED: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``out[m, n] = sum_k h[m, k] * (q[k, n] - z[g, n]) * s[g, n] (+ b[n])`` for this
     program's ``BLOCK_N`` columns, ``h = x`` or (``NORM``) the normalized ``x + r`` (``x``,
     ``r`` and the new residual ``res`` share the row stride ``stride_xm``); float32
     accumulation, one rounding to ``x``'s dtype at the store (see the module docstring
     for ``GATED``)."""
+    pdl_start(PDL)
     W: tl.constexpr = CHUNK // 8
     dt = x_ptr.dtype.element_ty
     pid = tl.program_id(0)
@@ -340,6 +343,6 @@ def _launch(
         BLOCK_N=tile.block_n, BLOCK_C=block_c,
         HAS_BIAS=bias is not None, NORM=norm,
         NORM_K=triton.next_power_of_2(num_in) if norm else 16, GATED=gated,
-        **{k: v for k, v in options.items() if v is not None},
+        **{k: v for k, v in options.items() if v is not None}, **pdl_launch(x),
     )  # fmt: skip
     return out, new_residual

@@ -49,6 +49,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from engine_sdk.layers.pdl import pdl_launch, pdl_start
 from engine_sdk.layers.split_k import tuned_config
 
 from engine_awq.rows import normed, row_norms
@@ -139,11 +140,13 @@ def awq_wide_kernel(
     GROUP: tl.constexpr, CHUNK: tl.constexpr, NPG: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr = False, NORM_K: tl.constexpr = 16, GATED: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``out[n] = sum_k h[k] (q[k, n] - z[g, n]) s[g, n] (+ b[n])`` for one token and this
     program's ``BLOCK_N`` columns, ``h = x`` or (``NORM``) the normalized ``x + r`` (program 0
     stores the new residual ``x + r`` into ``res``); ``GATED``: the weight is ``[gate | up]``
     of ``2 N`` columns and ``out = silu(gate) * up``, as the row GEMV's launches."""
+    pdl_start(PDL)
     W: tl.constexpr = CHUNK // 8
     dt = x_ptr.dtype.element_ty
     pid = tl.program_id(0)
@@ -224,5 +227,6 @@ def awq_wide(
         GROUP=group_size, CHUNK=chunk, NPG=npg, BLOCK_N=tile.block_n, BLOCK_C=block_c,
         HAS_BIAS=bias is not None, NORM=norm,
         NORM_K=triton.next_power_of_2(num_in) if norm else 16, GATED=gated, num_warps=warps,
+        **pdl_launch(x),
     )  # fmt: skip
     return out, new_residual

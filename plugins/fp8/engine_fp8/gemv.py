@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from engine_sdk.layers.pdl import pdl_launch, pdl_start
 from engine_sdk.layers.split_k import (
     NormArgs,
     norm_args,
@@ -107,7 +108,9 @@ def _gemv_kernel(
     NORM: tl.constexpr,
     NORM_M: tl.constexpr,
     NORM_BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -318,6 +321,6 @@ def _launch(
         SCALE=mode, SCALE_ROWS=scale_rows, SCALE_COLS=scale_cols,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NUM_STAGES=config.num_stages, USE_DOT=use_dot, HAS_BIAS=bias is not None,
-        SPLIT=plan.split > 1, num_warps=config.num_warps, **norm_constants,
+        SPLIT=plan.split > 1, num_warps=config.num_warps, **norm_constants, **pdl_launch(x),
     )  # fmt: skip
     return plan.out

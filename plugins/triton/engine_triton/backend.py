@@ -19,6 +19,7 @@ from engine_sdk.interfaces.attention import (
     AttentionLayerConfig,
     KVStoreTarget,
 )
+from engine_sdk.layers.pdl import pdl_launch
 from engine_sdk.layers.split_k import num_multiprocessors
 
 from engine_triton.kernels import combine_splits_kernel, paged_attention_kernel, store_kv_kernel
@@ -172,6 +173,7 @@ class TritonAttentionBackend(AttentionBackend):
                 HEAD_DIM=self.config.head_dim,
                 HEAD_DIM_P=self.head_dim_p,
                 FP8=kv_cache.dtype == torch.float8_e4m3fn,
+                **pdl_launch(key),
             )
         return self.forward_stored(query, kv_cache, metadata)
 
@@ -249,11 +251,13 @@ class TritonAttentionBackend(AttentionBackend):
                 lock_ptr=locks,
                 num_warps=metadata.num_warps,
                 num_stages=metadata.num_stages,
+                **pdl_launch(query),
             )
         if part_acc is not None and not combine:
             combine_splits_kernel[(num_tokens, cfg.num_heads)](
                 part_acc, part_ml, out, out.stride(0), out.stride(1),
                 SPLITS=splits, HEAD_DIM=cfg.head_dim, HEAD_DIM_P=self.head_dim_p, num_warps=1,
+                **pdl_launch(out),
             )  # fmt: skip
         return out.view(num_tokens, cfg.num_heads * cfg.head_dim)
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from engine_sdk.layers.pdl import pdl_start
 
 
 @triton.jit
@@ -62,7 +63,9 @@ def store_kv_kernel(
     HEAD_DIM_P: tl.constexpr,
     FP8: tl.constexpr = False,
     FP8_MAX: tl.constexpr = 448.0,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     token = tl.program_id(0)
     slot = tl.load(slot_ptr + token)
     if slot < 0:
@@ -180,7 +183,9 @@ def paged_attention_kernel(
     part_ml_ptr=None,  # float32 [tokens, heads, SPLITS, 2]: running max (log2 units), sum
     COMBINE: tl.constexpr = False,  # SPLITS > 1: the last split to finish merges (lock_ptr)
     lock_ptr=None,  # int32 [programs along axis 0 * KV heads], zero before and after
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     work = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = tl.load(work_seq_ptr + work)
@@ -314,9 +319,11 @@ def combine_splits_kernel(
     SPLITS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_P: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One (token, head): merge the ``SPLITS`` partial outputs of ``paged_attention_kernel``
     (launched with ``COMBINE=False``)."""
+    pdl_start(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     first = (token * tl.num_programs(1) + head) * SPLITS

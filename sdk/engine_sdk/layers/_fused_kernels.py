@@ -6,9 +6,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine_sdk.layers.pdl import pdl_start
+
 
 @triton.jit
-def rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, n, eps, BLOCK: tl.constexpr):
+def rms_norm_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    stride_x,
+    stride_o,
+    n,
+    eps,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    pdl_start(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
@@ -28,7 +41,10 @@ def silu_mul(g, u):
 
 
 @triton.jit
-def silu_mul_kernel(gate_ptr, up_ptr, out_ptr, numel, BLOCK: tl.constexpr):
+def silu_mul_kernel(
+    gate_ptr, up_ptr, out_ptr, numel, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
+    pdl_start(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     g = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -55,9 +71,11 @@ def rotary_kernel(
     HALF_P: tl.constexpr,
     PASS_P: tl.constexpr,
     HAS_PASS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # One program per token, all heads: out1 = x1*c - x2*s, out2 = x2*c + x1*s over the
     # rotary half-dims; dims past 2*half pass through unchanged.
+    pdl_start(PDL)
     tok = tl.program_id(0)
     heads = tl.arange(0, HEADS_P)[:, None]
     dims = tl.arange(0, HALF_P)[None, :]
@@ -82,8 +100,10 @@ def rotary_kernel(
 def add_rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, out_ptr, res_ptr, stride_x, stride_r, stride_o, stride_s, n, eps,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     # s = x + residual (rounded to the dtype, as the unfused add stores it), then RMSNorm(s).
+    pdl_start(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < n
@@ -99,8 +119,11 @@ def add_rms_norm_kernel(
 
 
 @triton.jit
-def silu_mul_merged_kernel(gu_ptr, out_ptr, stride_gu, stride_o, inter, BLOCK: tl.constexpr):
+def silu_mul_merged_kernel(
+    gu_ptr, out_ptr, stride_gu, stride_o, inter, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
     # gu rows are [gate | up] (one merged GEMM); out = silu(gate) * up.
+    pdl_start(PDL)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
@@ -135,6 +158,7 @@ def qkv_norm_rope_kernel(
     k_cache_ptr, v_cache_ptr, slot_ptr, kv_scales_ptr, stride_cs, stride_ch,
     HEAD_DIM: tl.constexpr, HALF_P: tl.constexpr, HEADS_P: tl.constexpr,
     HAS_NORM: tl.constexpr, STORE: tl.constexpr = False, FP8: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     # One program per (token, part): part 0 the q heads, 1 the k heads (optional per-head
     # RMSNorm, then rope over the whole head), 2 the v heads (copied). A row of qkv is
@@ -144,6 +168,7 @@ def qkv_norm_rope_kernel(
     # the weight, rounded; rope in float32 from the rounded values). With STORE, k and v
     # go to the paged KV cache instead, at the token's slot (``slot * stride_cs``, heads
     # ``stride_ch`` apart), quantized there for an fp8 cache (FP8, scales [k, v]).
+    pdl_start(PDL)
     tok = tl.program_id(0)
     part = tl.program_id(1)
     half = HEAD_DIM // 2

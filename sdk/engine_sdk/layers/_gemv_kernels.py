@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from engine_sdk.layers._fused_kernels import silu_mul
+from engine_sdk.layers.pdl import pdl_start
 
 
 @triton.jit
@@ -36,6 +37,7 @@ def gemv_kernel(
     SHRINK: tl.constexpr = False,
     SHRINK_K: tl.constexpr = 256,
     SCALE: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n])`` for ``BLOCK_N`` weight rows per
     program: each weight tile is loaded once and used by all ``M <= BLOCK_M`` rows of
@@ -44,6 +46,7 @@ def gemv_kernel(
     column's ``s[n]`` (2) before the bias. With ``LORA`` the epilogue
     adds each row's adapter delta (``_lora_delta``); with ``SHRINK`` the first
     ``NUM_SHRINK`` programs compute the shrink those epilogues read (``_shrink_program``)."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     if SHRINK:
         if pid < NUM_SHRINK:
@@ -96,6 +99,7 @@ def gemv_add_rms_norm_kernel(
     BLOCK_K: tl.constexpr, LORA: tl.constexpr = False, NUM_SLICES: tl.constexpr = 1,
     BLOCK_R: tl.constexpr = 16, BLOCK_P: tl.constexpr = 1, SHRINK: tl.constexpr = False,
     SHRINK_K: tl.constexpr = 256, GATED: tl.constexpr = False, SCALE: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """``gemv_kernel`` over ``rms_norm(x + r) * nw`` for a whole row in one tile
     (``K <= BLOCK_K``): each program forms the sum and its norm itself (a row is a few KB,
@@ -110,6 +114,7 @@ def gemv_add_rms_norm_kernel(
     ``silu(gate) * up`` (the roundings of the GEMV then ``silu_mul_merged_kernel``).
     ``SCALE``: a float8 ``w`` with scales as in ``gemv_kernel`` (gated: ``s[N + n]`` for
     the up rows)."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     if SHRINK:
         if pid < NUM_SHRINK:

@@ -6,12 +6,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from engine_sdk.layers.pdl import pdl_start
+
 
 @triton.jit
 def sample_rows_kernel(
     logits_ptr, temps_ptr, step_ptr, part_val_ptr, part_idx_ptr, lock_ptr, out_ptr,
     V, stride_l, num_rows, NUM_CHUNKS, bits_ptr, stride_b,
     BLOCK: tl.constexpr, CHUNKS_P: tl.constexpr, MASKED: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Program (row, chunk): the best column of ``BLOCK`` logits of one row, by value
     (temperature 0: greedy) or by value / temperature + Gumbel noise (a sample of
@@ -22,6 +25,7 @@ def sample_rows_kernel(
     ``MASKED``: a packed allowed-token row per row (``bits_ptr``, ``stride_b`` bytes a row:
     bit ``id % 8`` of byte ``id // 8`` set where ``id`` may be drawn); the other ids are
     ``-inf`` before the temperature and the noise, as the sampler's masked path."""
+    pdl_start(PDL)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     step = tl.load(step_ptr)

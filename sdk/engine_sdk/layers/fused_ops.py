@@ -41,6 +41,7 @@ def enabled(x: torch.Tensor) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     from engine_sdk.layers._fused_kernels import rms_norm_kernel
+    from engine_sdk.layers.pdl import pdl_launch
 
     shape = x.shape
     rows = x.reshape(-1, shape[-1])
@@ -48,7 +49,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     n = shape[-1]
     block = max(16, 1 << (n - 1).bit_length())
     rms_norm_kernel[(rows.shape[0],)](
-        rows, weight, out, rows.stride(0), out.stride(0), n, eps, BLOCK=block, num_warps=4
+        rows,
+        weight,
+        out,
+        rows.stride(0),
+        out.stride(0),
+        n,
+        eps,
+        BLOCK=block,
+        num_warps=4,
+        **pdl_launch(rows),
     )
     return out.view(shape)
 
@@ -58,6 +68,7 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm(x + residual), x + residual)`` in one pass over 2-D ``[rows, n]``."""
     from engine_sdk.layers._fused_kernels import add_rms_norm_kernel
+    from engine_sdk.layers.pdl import pdl_launch
 
     rows_x, rows_r = x.reshape(-1, x.shape[-1]), residual.reshape(-1, x.shape[-1])
     out, new_residual = torch.empty_like(rows_x), torch.empty_like(rows_x)
@@ -66,6 +77,7 @@ def add_rms_norm(
     add_rms_norm_kernel[(rows_x.shape[0],)](
         rows_x, rows_r, weight, out, new_residual, rows_x.stride(0), rows_r.stride(0),
         out.stride(0), new_residual.stride(0), n, eps, BLOCK=block, num_warps=4,
+        **pdl_launch(rows_x),
     )  # fmt: skip
     return out.view(x.shape), new_residual.view(x.shape)
 
@@ -73,6 +85,7 @@ def add_rms_norm(
 def silu_and_mul_merged(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up`` = ``[rows, 2 * inter]`` (gate first)."""
     from engine_sdk.layers._fused_kernels import silu_mul_merged_kernel
+    from engine_sdk.layers.pdl import pdl_launch
 
     rows = gate_up.reshape(-1, gate_up.shape[-1])
     inter = rows.shape[-1] // 2
@@ -81,24 +94,30 @@ def silu_and_mul_merged(gate_up: torch.Tensor) -> torch.Tensor:
         return out
     block = 1024
     grid = (rows.shape[0], triton_cdiv(inter, block))
-    silu_mul_merged_kernel[grid](rows, out, rows.stride(0), out.stride(0), inter, BLOCK=block)
+    silu_mul_merged_kernel[grid](
+        rows, out, rows.stride(0), out.stride(0), inter, BLOCK=block, **pdl_launch(rows)
+    )
     return out.view(*gate_up.shape[:-1], inter)
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     from engine_sdk.layers._fused_kernels import silu_mul_kernel
+    from engine_sdk.layers.pdl import pdl_launch
 
     gate_c, up_c = gate.contiguous(), up.contiguous()
     out = torch.empty_like(gate_c)
     numel = out.numel()
     block = 1024
-    silu_mul_kernel[(triton_cdiv(numel, block),)](gate_c, up_c, out, numel, BLOCK=block)
+    silu_mul_kernel[(triton_cdiv(numel, block),)](
+        gate_c, up_c, out, numel, BLOCK=block, **pdl_launch(out)
+    )
     return out
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x`` [tokens, heads, head_dim]; ``cos``/``sin`` [tokens, 1, rotary_dim] (halves equal)."""
     from engine_sdk.layers._fused_kernels import rotary_kernel
+    from engine_sdk.layers.pdl import pdl_launch
 
     num_tokens, num_heads, head_dim = x.shape
     rotary_dim = cos.shape[-1]
@@ -123,6 +142,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
         HALF_P=max(1, 1 << (half - 1).bit_length()),
         PASS_P=max(1, 1 << max(0, head_dim - rotary_dim - 1).bit_length()),
         HAS_PASS=head_dim > rotary_dim,
+        **pdl_launch(x),
     )
     return out
 
@@ -147,6 +167,7 @@ def qkv_norm_rope(
     into the paged KV cache at the step's slots instead (quantized there for an fp8
     cache), and ``(q, None, None)`` is returned: the backend's store launch is not needed."""
     from engine_sdk.layers._fused_kernels import qkv_norm_rope_kernel
+    from engine_sdk.layers.pdl import pdl_launch
 
     num_tokens = qkv.shape[0]
     head_dim = cos.shape[-1]
@@ -183,6 +204,7 @@ def qkv_norm_rope(
         HEAD_DIM=head_dim, HALF_P=max(1, 1 << (half - 1).bit_length()),
         HEADS_P=max(1, 1 << (max(num_q_heads, num_kv_heads) - 1).bit_length()),
         HAS_NORM=has_norm, STORE=kv_store is not None, FP8=fp8, num_warps=4,
+        **pdl_launch(qkv),
     )  # fmt: skip
     return q, k, v
 

@@ -271,6 +271,8 @@ def gemv(
     the result rounded to ``x``'s dtype, without a second launch to widen it. ``scale``:
     ``weight`` is float8 e4m3 and ``x @ (weight * scale).T`` is computed, the scale (one,
     or one per output row, float32) applied to the float32 sum (``weight_scale_mode``)."""
+    from engine_sdk.layers.pdl import pdl_launch
+
     kernel = _kernel()
     assert kernel is not None
     assert lora is None or lora.expand, "a deferred expand needs the add+RMSNorm GEMV"
@@ -290,7 +292,7 @@ def gemv(
         x, weight, bias if bias is not None else weight, scale if scale is not None else weight,
         out, num_rows, n, k, x.stride(0), weight.stride(0), out.stride(0), *lora_args,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, SCALE=scale_mode, **lora_constants,
+        num_warps=warps, SCALE=scale_mode, **lora_constants, **pdl_launch(x),
     )  # fmt: skip
     return out
 
@@ -323,6 +325,8 @@ def gemv_add_rms_norm(
     output: one launch for the norm, the gate/up projection and the activation. Each
     program reads ``GATED_BLOCK_N`` gate rows and as many up rows. ``scale``: a float8
     ``weight``, as in ``gemv`` (gated: the merged weight's ``2 * I`` row scales)."""
+    from engine_sdk.layers.pdl import pdl_launch
+
     assert not (gated and lora is not None), "the gated GEMV has no LoRA epilogue"
     scale_mode = _scale_mode(weight, scale, lora)
     num_rows, k = x.shape
@@ -343,5 +347,6 @@ def gemv_add_rms_norm(
         *lora_args,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=4 if block_k <= 2048 else 8, GATED=gated, SCALE=scale_mode, **lora_constants,
+        **pdl_launch(x),
     )  # fmt: skip
     return out, new_residual

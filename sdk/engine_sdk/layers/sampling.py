@@ -52,6 +52,7 @@ class RowSampler:
         only the ids whose bit is set can be drawn (structured outputs' packed masks),
         read in the same pass over the logits."""
         from engine_sdk.layers._sampling_kernels import sample_rows_kernel
+        from engine_sdk.layers.pdl import pdl_launch
 
         num_rows, vocab_size = logits.shape
         assert num_rows <= self.max_rows and vocab_size == self.vocab_size
@@ -69,6 +70,7 @@ class RowSampler:
             vocab_size, logits.stride(0), num_rows, self.num_chunks,
             bits, bits.stride(0) if masked else 0,
             BLOCK=BLOCK, CHUNKS_P=self.chunks_p, MASKED=masked, num_warps=4,
+            **pdl_launch(logits),
         )  # fmt: skip
         return out
 

@@ -55,6 +55,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine_sdk.layers.pdl import pdl_launch, pdl_start
+
 __all__ = [
     "SplitKPlan",
     "num_multiprocessors",
@@ -194,7 +196,9 @@ def _reduce_kernel(  # type: ignore[no-untyped-def]
     stride_om,
     HAS_BIAS: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
@@ -219,7 +223,7 @@ def reduce_split_k(
     _reduce_kernel[(num_rows, triton.cdiv(num_cols, block))](
         partials, bias if bias is not None else partials, out, num_cols, num_parts,
         partials.stride(0), partials.stride(1), out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+        HAS_BIAS=bias is not None, BLOCK=block, num_warps=4, **pdl_launch(partials),
     )  # fmt: skip
     return out
 

@@ -17,12 +17,17 @@ interpreter functions::
 An argument's type is taken from ``types``, else ``pointer`` for names ending in
 ``_ptr`` and ``i32`` for the rest; every name in ``constants`` is a ``constexpr``, and a
 ``constexpr`` left out takes its default, as in a launch.
+
+``assert_pdl_order(report["ptx"])`` checks a kernel compiled with ``PDL=True``
+(``engine_sdk.layers.pdl``): it waits for the kernel before it ahead of its first global
+load, store or atomic, and lets the next kernel launch.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -95,3 +100,18 @@ def compile_for_gpu(
         raise AssertionError(f"{module}.{kernel} does not compile for sm_{arch}:\n{message}")
     report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return report
+
+
+_GLOBAL_ACCESS = re.compile(r"\b(?:ld|st|atom|red|cp\.async)[.\w]*\.global\b|\bprefetch\.global")
+
+
+def assert_pdl_order(ptx: str) -> None:
+    """``ptx`` waits (``griddepcontrol.wait``) before its first global memory access and
+    has ``griddepcontrol.launch_dependents``: the contract of ``engine_sdk.layers.pdl``."""
+    wait = ptx.find("griddepcontrol.wait")
+    assert wait >= 0, "no griddepcontrol.wait: compiled without PDL"
+    assert "griddepcontrol.launch_dependents" in ptx, "the next kernel is never let launch"
+    first = _GLOBAL_ACCESS.search(ptx)
+    assert first is not None and first.start() > wait, (
+        f"a global access ({first.group(0) if first else None}) comes before the wait"
+    )

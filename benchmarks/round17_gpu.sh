@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Device calls of round 17 (2026-12-07), run from the working tree (carry .whl and .gpu):
+# programmatic dependent launch (engine_sdk.layers.pdl) on the decode step's Triton kernels.
+#   call1: the GPU tests of the kernels that now launch with PDL (eagerly, each after the
+#          one before it), W2 (batch 1, 128 in / 256 out) on the Qwen3-0.6B shape with PDL
+#          on and off for bf16, FP8 and AWQ (benchmarks/quant_decode_gpu.py *_nopdl), then
+#          greedy tokens with PDL on and off (benchmarks/pdl_gpu.py: bf16, FP8, AWQ, fp8 KV
+#          at batch 1 and 16, CUDA graphs).
+#   call2: W2 on the Llama-3.1-8B shape with PDL on and off (bf16, FP8, AWQ), then W1
+#          (1024 x 512 in / 256 out) on the 0.6B shape with PDL on and off.
+set -uo pipefail
+MODE="${1:-call1}"
+export PYTHONUNBUFFERED=1
+source benchmarks/device_install.sh  # prints the card's name, sets BW (its copy rate, GB/s)
+w1() {  # w1 NAME [engine args]: offline W1 of the 0.6B shape, output tokens/s
+    local name=$1; shift
+    py "${W1_SECONDS:-90}" -m engine.cli.main bench throughput --model .gpu/qwen3 \
+        --load-format dummy --dtype bfloat16 --num-prompts 1024 --input-len 512 \
+        --output-len 256 "$@" --save-result "$OUT/w1_$name.json" > "$OUT/w1_$name.log" 2>&1
+    grep -m2 "output_tokens_per_s\|tok/s\|Error\|error:" "$OUT/w1_$name.log" | sed "s/^/$name: /"
+}
+if [ "$MODE" = call1 ]; then
+    py "${TESTS_SECONDS:-150}" -m pytest -q -p no:cacheprovider -x tests/fused/test_gemv.py \
+        tests/fused/test_fused_ops.py tests/fused/test_row_sampler.py \
+        plugins/triton/tests/test_triton_attention.py plugins/awq/tests/test_awq_rows.py \
+        plugins/awq/tests/test_awq_wide.py plugins/fp8/tests/test_fp8_row_gemv.py 2>&1 | tail -3
+    py "${W2_SECONDS:-220}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes qwen06b \
+        --variants "${W2_VARIANTS:-bf16,bf16_nopdl,fp8_rows,fp8_nopdl,awq_rows,awq_nopdl}" \
+        --out "$OUT/w2_qwen06b.json" 2>&1 | tail -7
+    py "${CHECK_SECONDS:-200}" benchmarks/pdl_gpu.py --model .gpu/qwen3 --out "$OUT/pdl_check.json" \
+        2>&1 | grep "PDL on\|failed\|Error" | tail -6
+fi
+if [ "$MODE" = call2 ]; then
+    py "${W2_SECONDS:-330}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b \
+        --variants "${W2_VARIANTS:-bf16,bf16_nopdl,fp8_rows,fp8_nopdl,awq_rows,awq_nopdl}" \
+        --out "$OUT/w2_llama8b.json" 2>&1 | tail -7
+    w1 qwen06b_pdl
+    (export ENGINE_PDL=0; w1 qwen06b_nopdl)
+fi

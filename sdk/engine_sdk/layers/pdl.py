@@ -1,0 +1,64 @@
+"""Programmatic dependent launch (PDL) for the decode step's Triton kernels (sm90 and newer).
+
+A decode step at a few tokens is a chain of short kernels (about ten a layer, most of them
+2-5 us), and every one pays a launch and a ramp-up while the previous one drains. With
+PDL a kernel is launched as soon as every program of the kernel before it has started
+(``griddepcontrol.launch_dependents``), so its programs are resident and waiting when the
+previous kernel ends, instead of being launched after it; each program first waits for
+the previous kernel to finish and its writes to be visible (``griddepcontrol.wait``). The
+attribute travels into CUDA graphs as a programmatic edge.
+
+The contract, for a kernel that takes ``PDL``:
+
+- it calls :func:`pdl_start` at the very top, before any load or store, in every program
+  (so no program can read what the previous kernel still writes, nor finish before it:
+  the kernel after it, waiting on this one, then also waits on the one before);
+- its launch passes ``**pdl_launch(x)``: ``PDL=True`` and Triton's ``launch_pdl=True``
+  on a CUDA device of compute capability 9 or more, nothing elsewhere (CPU, the
+  interpreter, older GPUs), where the kernel compiles as before.
+
+A kernel launched without the attribute (torch's, cuBLAS's, any launch without
+``pdl_launch``) waits for everything before it, as always. ``ENGINE_PDL=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["ENABLED", "pdl_enabled", "pdl_launch", "pdl_start"]
+
+ENABLED = os.environ.get("ENGINE_PDL", "1") != "0"
+
+
+@functools.lru_cache(maxsize=16)
+def _capable(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_enabled(x: torch.Tensor) -> bool:
+    """Whether launches on ``x``'s device take PDL: on (``ENGINE_PDL``), a CUDA tensor, a
+    compute capability of 9 or more, and not Triton's interpreter."""
+    if not ENABLED or not x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return _capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
+
+
+def pdl_launch(x: torch.Tensor) -> dict[str, bool]:
+    """The launch keywords of a ``PDL`` kernel working on ``x``: ``{"PDL": True,
+    "launch_pdl": True}`` where :func:`pdl_enabled`, else none (``PDL`` keeps its
+    default, False)."""
+    return {"PDL": True, "launch_pdl": True} if pdl_enabled(x) else {}
+
+
+@triton.jit
+def pdl_start(PDL: tl.constexpr):
+    """The top of a ``PDL`` kernel: wait for the kernel before it (its writes visible),
+    then let the kernel after this one launch. Compiles to nothing when ``PDL`` is False."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
