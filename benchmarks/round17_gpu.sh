@@ -3,7 +3,8 @@
 # programmatic dependent launch (engine_sdk.layers.pdl) on the decode step's Triton kernels.
 #   call1: the GPU tests of the kernels that now launch with PDL (eagerly, each after the
 #          one before it), W2 (batch 1, 128 in / 256 out) on the Qwen3-0.6B shape with PDL
-#          on and off for bf16, FP8 and AWQ (benchmarks/quant_decode_gpu.py *_nopdl), then
+#          on and off for bf16, FP8 and AWQ (benchmarks/quant_decode_gpu.py *_nopdl; *_nopf:
+#          PDL without the GEMVs' L2 prefetch of their weights), then
 #          greedy tokens with PDL on and off (benchmarks/pdl_gpu.py: bf16, FP8, AWQ, fp8 KV
 #          at batch 1 and 16, CUDA graphs).
 #   call2: W2 on the Llama-3.1-8B shape with PDL on and off (bf16, FP8, AWQ), then W1
@@ -25,8 +26,8 @@ if [ "$MODE" = call1 ]; then
         plugins/triton/tests/test_triton_attention.py plugins/awq/tests/test_awq_rows.py \
         plugins/awq/tests/test_awq_wide.py plugins/fp8/tests/test_fp8_row_gemv.py 2>&1 | tail -3
     py "${W2_SECONDS:-220}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes qwen06b \
-        --variants "${W2_VARIANTS:-bf16,bf16_nopdl,fp8_rows,fp8_nopdl,awq_rows,awq_nopdl}" \
-        --out "$OUT/w2_qwen06b.json" 2>&1 | tail -7
+        --variants "${W2_VARIANTS:-bf16,bf16_nopdl,bf16_nopf,fp8_rows,fp8_nopdl,awq_rows,awq_nopdl,awq_nopf}" \
+        --out "$OUT/w2_qwen06b.json" 2>&1 | tail -9
     py "${CHECK_SECONDS:-200}" benchmarks/pdl_gpu.py --model .gpu/qwen3 --out "$OUT/pdl_check.json" \
         2>&1 | grep "PDL on\|failed\|Error" | tail -6
 fi

@@ -59,10 +59,15 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, str], int]] = {
         {"slot_ptr": "*i64", "kv_scales_ptr": "*fp32", "eps": "fp32"},
         4,
     ),
-    "gemv_kernel": ("engine_sdk.layers._gemv_kernels", {**_GEMV, "BLOCK_K": 2048}, {}, 4),
+    "gemv_kernel": (
+        "engine_sdk.layers._gemv_kernels",
+        {**_GEMV, "BLOCK_K": 2048, "PREFETCH": True},
+        {},
+        4,
+    ),
     "gemv_add_rms_norm_kernel": (
         "engine_sdk.layers._gemv_kernels",
-        {**_GEMV, "BLOCK_K": 1024, "GATED": True},
+        {**_GEMV, "BLOCK_K": 1024, "GATED": True, "PREFETCH": True},
         {"eps": "fp32"},
         4,
     ),
@@ -134,13 +139,21 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, str], int]] = {
     ),
     "awq_rows_kernel": (
         "engine_awq.rows",
-        {**_AWQ, "BLOCK_M": 1, "BLOCK_N": 2, "BLOCK_C": 8},
+        {**_AWQ, "BLOCK_M": 1, "BLOCK_N": 2, "BLOCK_C": 8, "PREFETCH": True},
         {**_TILED, "b_ptr": "*fp16", "eps": "fp32", "magic": "i32"},
         4,
     ),
     "awq_wide_kernel": (
         "engine_awq.wide",
-        {**_AWQ, "BLOCK_N": 8, "BLOCK_C": 32},
+        {
+            **_AWQ,
+            "BLOCK_N": 4,
+            "BLOCK_C": 32,
+            "NORM": True,
+            "NORM_K": 4096,
+            "GATED": True,
+            "PREFETCH": True,
+        },
         {**_TILED, "b_ptr": "*fp16", "eps": "fp32"},
         2,
     ),
@@ -153,12 +166,14 @@ def test_pdl_kernel_waits_before_any_global_access(name: str) -> None:
     kernel = name.split(":")[-1]
     report = compile_for_gpu(module, kernel, {**constants, "PDL": True}, arg_types, num_warps=warps)
     assert report["cubin_bytes"] > 0
-    assert_pdl_order(report["ptx"])
+    assert_pdl_order(report["ptx"], prefetch=constants.get("PREFETCH", False))
+    assert ("prefetch.global.L2" in report["ptx"]) == constants.get("PREFETCH", False)
 
 
 def test_without_pdl_the_kernel_has_no_grid_dependency_control() -> None:
     """``PDL`` defaults to False: the kernel compiles as before the change."""
     module, constants, arg_types, warps = CASES["gemv_kernel"]
+    constants = {k: v for k, v in constants.items() if k != "PREFETCH"}
     report = compile_for_gpu(module, "gemv_kernel", constants, arg_types, num_warps=warps)
     assert "griddepcontrol" not in report["ptx"]
     with pytest.raises(AssertionError, match="without PDL"):
@@ -201,22 +216,22 @@ def test_every_pdl_launch_has_a_compile_case() -> None:
     assert not missing, f"launched with pdl_launch, no compile case: {sorted(missing)}"
 
 
-def test_every_pdl_kernel_starts_with_the_wait() -> None:
-    """The first statement of each kernel (after its docstring) is ``pdl_start(PDL)``."""
+def test_every_pdl_kernel_waits_at_its_top() -> None:
+    """``pdl_start(PDL)`` is a statement of each kernel's body itself (every program runs
+    it), and what comes before it reads and writes no memory: program ids, constants and
+    the L2 prefetch of the weights (``pdl_prefetch_rows``) only."""
     for name, (module, *_rest) in CASES.items():
         kernel = name.split(":")[-1]
         parts = module.split(".")
         package = "sdk" if parts[0] == "engine_sdk" else f"plugins/{parts[0][len('engine_') :]}"
         tree = ast.parse((ROOT / package / Path(*parts)).with_suffix(".py").read_text())
         fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == kernel)
-        body = [
-            n
-            for n in fn.body
-            if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
-        ]
-        assert ast.unparse(body[0]) == "pdl_start(PDL)", (
-            f"{name} starts with {ast.unparse(body[0])}"
-        )
+        docstring = isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant)
+        sources = [ast.unparse(n) for n in fn.body[int(docstring) :]]
+        assert "pdl_start(PDL)" in sources, f"{name} has no pdl_start(PDL) in its body"
+        before = "\n".join(sources[: sources.index("pdl_start(PDL)")])
+        for access in ("tl.load", "tl.store", "tl.atomic", "_shrink_program", "row_norms"):
+            assert access not in before, f"{name} calls {access} before the wait"
 
 
 class _FakeCuda:

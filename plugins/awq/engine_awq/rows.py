@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import triton
 import triton.language as tl
-from engine_sdk.layers.pdl import pdl_launch, pdl_start
+from engine_sdk.layers.pdl import pdl_launch, pdl_prefetch_rows, pdl_start
 from engine_sdk.layers.split_k import tuned_config
 
 from engine_awq.gemv import MAGIC_2_23, _codes, nibbles_per_group
@@ -119,6 +119,16 @@ def row_norms(x_ptr, r_ptr, res_ptr, M, K, eps, stride_xm, pid,
     tl.store(res_ptr + offs, sv, mask=row_ok & (pid == 0))
     s32 = sv.to(tl.float32)
     return tl.rsqrt(tl.sum(s32 * s32, axis=1) / K + eps)
+
+
+@triton.jit
+def _prefetch(qw_ptr, first, N, words, stride_qw, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
+              GATED: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
+    """The code words of columns ``first .. + BLOCK_N`` (and, ``GATED``, of their up columns
+    ``N + ...``) into L2: :func:`engine_sdk.layers.pdl.pdl_prefetch_rows`."""
+    pdl_prefetch_rows(qw_ptr, first, N, stride_qw, words, BLOCK_N, STEP, PREFETCH)
+    if GATED:
+        pdl_prefetch_rows(qw_ptr, N + first, 2 * N, stride_qw, words, BLOCK_N, STEP, PREFETCH)
 
 
 @triton.jit
@@ -201,17 +211,20 @@ def awq_rows_kernel(
     GROUP: tl.constexpr, CHUNK: tl.constexpr, NPG: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr = False, NORM_K: tl.constexpr = 16, GATED: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
     """``out[m, n] = sum_k h[m, k] * (q[k, n] - z[g, n]) * s[g, n] (+ b[n])`` for this
     program's ``BLOCK_N`` columns, ``h = x`` or (``NORM``) the normalized ``x + r`` (``x``,
     ``r`` and the new residual ``res`` share the row stride ``stride_xm``); float32
     accumulation, one rounding to ``x``'s dtype at the store (see the module docstring
     for ``GATED``)."""
-    pdl_start(PDL)
     W: tl.constexpr = CHUNK // 8
-    dt = x_ptr.dtype.element_ty
     pid = tl.program_id(0)
+    # the program's code words into L2 before the wait (engine_sdk.layers.pdl)
+    _prefetch(qw_ptr, pid * BLOCK_N, N, num_chunks * W, stride_qw, BLOCK_N, BLOCK_C * W, GATED,
+              PREFETCH)  # fmt: skip
+    pdl_start(PDL)
+    dt = x_ptr.dtype.element_ty
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = cols < N
     offs_m = tl.arange(0, BLOCK_M)
@@ -343,6 +356,6 @@ def _launch(
         BLOCK_N=tile.block_n, BLOCK_C=block_c,
         HAS_BIAS=bias is not None, NORM=norm,
         NORM_K=triton.next_power_of_2(num_in) if norm else 16, GATED=gated,
-        **{k: v for k, v in options.items() if v is not None}, **pdl_launch(x),
+        **{k: v for k, v in options.items() if v is not None}, **pdl_launch(x, prefetch=True),
     )  # fmt: skip
     return out, new_residual

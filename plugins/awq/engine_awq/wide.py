@@ -52,7 +52,7 @@ import triton.language as tl
 from engine_sdk.layers.pdl import pdl_launch, pdl_start
 from engine_sdk.layers.split_k import tuned_config
 
-from engine_awq.rows import normed, row_norms
+from engine_awq.rows import _prefetch, normed, row_norms
 
 __all__ = ["WIDE_MIN_K", "WideTile", "awq_wide", "takes_wide", "wide_tile"]
 
@@ -140,16 +140,19 @@ def awq_wide_kernel(
     GROUP: tl.constexpr, CHUNK: tl.constexpr, NPG: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr = False, NORM_K: tl.constexpr = 16, GATED: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
     """``out[n] = sum_k h[k] (q[k, n] - z[g, n]) s[g, n] (+ b[n])`` for one token and this
     program's ``BLOCK_N`` columns, ``h = x`` or (``NORM``) the normalized ``x + r`` (program 0
     stores the new residual ``x + r`` into ``res``); ``GATED``: the weight is ``[gate | up]``
     of ``2 N`` columns and ``out = silu(gate) * up``, as the row GEMV's launches."""
-    pdl_start(PDL)
     W: tl.constexpr = CHUNK // 8
-    dt = x_ptr.dtype.element_ty
     pid = tl.program_id(0)
+    # the program's code words into L2 before the wait (engine_sdk.layers.pdl)
+    _prefetch(qw_ptr, pid * BLOCK_N, N, num_chunks * W, stride_qw, BLOCK_N, BLOCK_C * W, GATED,
+              PREFETCH)  # fmt: skip
+    pdl_start(PDL)
+    dt = x_ptr.dtype.element_ty
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = cols < N
     inv = 0.0
@@ -227,6 +230,6 @@ def awq_wide(
         GROUP=group_size, CHUNK=chunk, NPG=npg, BLOCK_N=tile.block_n, BLOCK_C=block_c,
         HAS_BIAS=bias is not None, NORM=norm,
         NORM_K=triton.next_power_of_2(num_in) if norm else 16, GATED=gated, num_warps=warps,
-        **pdl_launch(x),
+        **pdl_launch(x, prefetch=True),
     )  # fmt: skip
     return out, new_residual

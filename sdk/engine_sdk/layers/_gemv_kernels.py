@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from engine_sdk.layers._fused_kernels import silu_mul
-from engine_sdk.layers.pdl import pdl_start
+from engine_sdk.layers.pdl import pdl_prefetch_rows, pdl_start
 
 
 @triton.jit
@@ -38,6 +38,7 @@ def gemv_kernel(
     SHRINK_K: tl.constexpr = 256,
     SCALE: tl.constexpr = 0,
     PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
     """``out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n])`` for ``BLOCK_N`` weight rows per
     program: each weight tile is loaded once and used by all ``M <= BLOCK_M`` rows of
@@ -45,9 +46,12 @@ def gemv_kernel(
     (a float8 ``w``): the float32 sum times the tensor's scale ``s[0]`` (1) or each
     column's ``s[n]`` (2) before the bias. With ``LORA`` the epilogue
     adds each row's adapter delta (``_lora_delta``); with ``SHRINK`` the first
-    ``NUM_SHRINK`` programs compute the shrink those epilogues read (``_shrink_program``)."""
-    pdl_start(PDL)
+    ``NUM_SHRINK`` programs compute the shrink those epilogues read (``_shrink_program``).
+    ``PREFETCH`` (with ``PDL``): the program's weight rows are asked of L2 before the wait."""
     pid = tl.program_id(0)
+    if not SHRINK:
+        pdl_prefetch_rows(w_ptr, pid * BLOCK_N, N, stride_wn, K, BLOCK_N, BLOCK_K, PREFETCH)
+    pdl_start(PDL)
     if SHRINK:
         if pid < NUM_SHRINK:
             _shrink_program(
@@ -99,7 +103,7 @@ def gemv_add_rms_norm_kernel(
     BLOCK_K: tl.constexpr, LORA: tl.constexpr = False, NUM_SLICES: tl.constexpr = 1,
     BLOCK_R: tl.constexpr = 16, BLOCK_P: tl.constexpr = 1, SHRINK: tl.constexpr = False,
     SHRINK_K: tl.constexpr = 256, GATED: tl.constexpr = False, SCALE: tl.constexpr = 0,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
     """``gemv_kernel`` over ``rms_norm(x + r) * nw`` for a whole row in one tile
     (``K <= BLOCK_K``): each program forms the sum and its norm itself (a row is a few KB,
@@ -113,9 +117,15 @@ def gemv_add_rms_norm_kernel(
     rows; a program reads gate rows ``n`` and up rows ``N + n`` and stores
     ``silu(gate) * up`` (the roundings of the GEMV then ``silu_mul_merged_kernel``).
     ``SCALE``: a float8 ``w`` with scales as in ``gemv_kernel`` (gated: ``s[N + n]`` for
-    the up rows)."""
-    pdl_start(PDL)
+    the up rows). ``PREFETCH``: as in ``gemv_kernel``."""
     pid = tl.program_id(0)
+    if not SHRINK:
+        pdl_prefetch_rows(w_ptr, pid * BLOCK_N, N, stride_wn, K, BLOCK_N, BLOCK_K, PREFETCH)
+        if GATED:
+            pdl_prefetch_rows(
+                w_ptr, N + pid * BLOCK_N, 2 * N, stride_wn, K, BLOCK_N, BLOCK_K, PREFETCH
+            )
+    pdl_start(PDL)
     if SHRINK:
         if pid < NUM_SHRINK:
             _shrink_program(

@@ -292,7 +292,7 @@ def gemv(
         x, weight, bias if bias is not None else weight, scale if scale is not None else weight,
         out, num_rows, n, k, x.stride(0), weight.stride(0), out.stride(0), *lora_args,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, SCALE=scale_mode, **lora_constants, **pdl_launch(x),
+        num_warps=warps, SCALE=scale_mode, **lora_constants, **pdl_launch(x, prefetch=lora is None),
     )  # fmt: skip
     return out
 
@@ -347,6 +347,6 @@ def gemv_add_rms_norm(
         *lora_args,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=4 if block_k <= 2048 else 8, GATED=gated, SCALE=scale_mode, **lora_constants,
-        **pdl_launch(x),
+        **pdl_launch(x, prefetch=lora is None),
     )  # fmt: skip
     return out, new_residual

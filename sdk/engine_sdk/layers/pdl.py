@@ -30,9 +30,10 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["ENABLED", "pdl_enabled", "pdl_launch", "pdl_start"]
+__all__ = ["ENABLED", "PREFETCH", "pdl_enabled", "pdl_launch", "pdl_prefetch_rows", "pdl_start"]
 
 ENABLED = os.environ.get("ENGINE_PDL", "1") != "0"
+PREFETCH = os.environ.get("ENGINE_PDL_PREFETCH", "1") != "0"
 
 
 @functools.lru_cache(maxsize=16)
@@ -48,11 +49,14 @@ def pdl_enabled(x: torch.Tensor) -> bool:
     return _capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
-def pdl_launch(x: torch.Tensor) -> dict[str, bool]:
+def pdl_launch(x: torch.Tensor, prefetch: bool = False) -> dict[str, bool]:
     """The launch keywords of a ``PDL`` kernel working on ``x``: ``{"PDL": True,
     "launch_pdl": True}`` where :func:`pdl_enabled`, else none (``PDL`` keeps its
-    default, False)."""
-    return {"PDL": True, "launch_pdl": True} if pdl_enabled(x) else {}
+    default, False). ``prefetch``: the kernel takes ``PREFETCH`` too (a GEMV that calls
+    :func:`pdl_prefetch_rows`), set from ``ENGINE_PDL_PREFETCH`` (default on)."""
+    if not pdl_enabled(x):
+        return {}
+    return {"PDL": True, "launch_pdl": True, **({"PREFETCH": PREFETCH} if prefetch else {})}
 
 
 @triton.jit
@@ -62,3 +66,29 @@ def pdl_start(PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_prefetch_rows(ptr, first_row, num_rows, stride_row, row_elements,
+                      ROWS: tl.constexpr, STEP: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
+    """Before :func:`pdl_start`: ask L2 for rows ``first_row .. + ROWS`` (those in ``0 ..
+    num_rows``) of a weight, ``row_elements`` of ``ptr``'s type each, rows ``stride_row``
+    elements apart, in 128-byte lines, ``STEP`` elements of each row an instruction. A
+    prefetch only moves lines into L2, which every later load sees coherently, so it may
+    run while the kernel before this one still runs: a GEMV's weights (which no kernel of
+    the step writes) then stream from HBM during that kernel's tail, and its loads after
+    the wait hit L2. Nothing when ``PREFETCH`` is False."""
+    if PREFETCH:
+        width: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
+        LINES: tl.constexpr = (STEP * width + 127) // 128
+        rows = first_row + tl.arange(0, ROWS)[:, None]
+        row_ok = (rows >= 0) & (rows < num_rows)
+        base = ptr.to(tl.pointer_type(tl.int8))
+        row_at = base + rows.to(tl.int64) * stride_row * width
+        for b0 in range(0, row_elements * width, LINES * 128):
+            lines = b0 + tl.arange(0, LINES)[None, :] * 128
+            at = tl.where(row_ok & (lines < row_elements * width), row_at + lines, base)
+            tl.inline_asm_elementwise(
+                "prefetch.global.L2 [$1]; // $0", "=r,l", [at], dtype=tl.int32, is_pure=False,
+                pack=1,
+            )  # fmt: skip

@@ -20,7 +20,7 @@ An argument's type is taken from ``types``, else ``pointer`` for names ending in
 
 ``assert_pdl_order(report["ptx"])`` checks a kernel compiled with ``PDL=True``
 (``engine_sdk.layers.pdl``): it waits for the kernel before it ahead of its first global
-load, store or atomic, and lets the next kernel launch.
+load, store or atomic (an L2 prefetch may come first), and lets the next kernel launch.
 """
 
 from __future__ import annotations
@@ -102,14 +102,19 @@ def compile_for_gpu(
     return report
 
 
-_GLOBAL_ACCESS = re.compile(r"\b(?:ld|st|atom|red|cp\.async)[.\w]*\.global\b|\bprefetch\.global")
+_GLOBAL_ACCESS = re.compile(r"\b(?:ld|st|atom|red|cp\.async)[.\w]*\.global\b")
 
 
-def assert_pdl_order(ptx: str) -> None:
-    """``ptx`` waits (``griddepcontrol.wait``) before its first global memory access and
-    has ``griddepcontrol.launch_dependents``: the contract of ``engine_sdk.layers.pdl``."""
+def assert_pdl_order(ptx: str, prefetch: bool = False) -> None:
+    """``ptx`` waits (``griddepcontrol.wait``) before its first global load, store or atomic
+    and has ``griddepcontrol.launch_dependents``: the contract of ``engine_sdk.layers.pdl``.
+    ``prefetch``: L2 prefetches (``prefetch.global.L2``, which only warm the cache) come
+    before the wait."""
     wait = ptx.find("griddepcontrol.wait")
     assert wait >= 0, "no griddepcontrol.wait: compiled without PDL"
+    if prefetch:
+        first_prefetch = ptx.find("prefetch.global.L2")
+        assert 0 <= first_prefetch < wait, "no L2 prefetch ahead of the wait"
     assert "griddepcontrol.launch_dependents" in ptx, "the next kernel is never let launch"
     first = _GLOBAL_ACCESS.search(ptx)
     assert first is not None and first.start() > wait, (
