@@ -7,8 +7,8 @@
 #          PDL without the GEMVs' L2 prefetch of their weights), then
 #          greedy tokens with PDL on and off (benchmarks/pdl_gpu.py: bf16, FP8, AWQ, fp8 KV
 #          at batch 1 and 16, CUDA graphs).
-#   call2: W2 on the Llama-3.1-8B shape with PDL on and off (bf16, FP8, AWQ), then W1
-#          (1024 x 512 in / 256 out) on the 0.6B shape with PDL on and off.
+#   call2: W1 (1024 x 512 in / 256 out) on the 0.6B shape with PDL on and off, then W2 on
+#          the Llama-3.1-8B shape with PDL on and off (bf16, AWQ, FP8; AWQ without prefetch).
 set -uo pipefail
 MODE="${1:-call1}"
 export PYTHONUNBUFFERED=1
@@ -32,9 +32,9 @@ if [ "$MODE" = call1 ]; then
         2>&1 | grep "PDL on\|failed\|Error" | tail -6
 fi
 if [ "$MODE" = call2 ]; then
-    py "${W2_SECONDS:-330}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b \
-        --variants "${W2_VARIANTS:-bf16,bf16_nopdl,fp8_rows,fp8_nopdl,awq_rows,awq_nopdl}" \
-        --out "$OUT/w2_llama8b.json" 2>&1 | tail -7
     w1 qwen06b_pdl
     (export ENGINE_PDL=0; w1 qwen06b_nopdl)
+    py "${W2_SECONDS:-370}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b \
+        --variants "${W2_VARIANTS:-bf16,bf16_nopdl,awq_rows,awq_nopdl,fp8_rows,fp8_nopdl,awq_nopf}" \
+        --out "$OUT/w2_llama8b.json" 2>&1 | tail -9
 fi
