@@ -20,12 +20,16 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+# the backend launches an earlier kernels.py's kernel too, which may take no PDL argument
+os.environ.setdefault("ENGINE_PDL", "0")
 
 sys.path.insert(0, str(Path(__file__).parent))
 from attention_fa3_gpu import BLOCK, CASES, DTYPE, HEAD_DIM, HEADS, KV_HEADS, build  # noqa: E402

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator"
 """Programmatic dependent launch (PDL) for the decode step's Triton kernels (sm90 and newer).
 
 A decode step at a few tokens is a chain of short kernels (about ten a layer, most of them
