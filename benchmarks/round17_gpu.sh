@@ -7,6 +7,8 @@
 #          PDL without the GEMVs' L2 prefetch of their weights), then
 #          greedy tokens with PDL on and off (benchmarks/pdl_gpu.py: bf16, FP8, AWQ, fp8 KV
 #          at batch 1 and 16, CUDA graphs).
+#   one:   what fits one call: the greedy check (bf16, AWQ, FP8), W2 0.6B (bf16 and AWQ on
+#          and off, bf16 without prefetch), W2 8B (bf16, AWQ, FP8 on and off), W1 0.6B.
 #   call2: W1 (1024 x 512 in / 256 out) on the 0.6B shape with PDL on and off, then W2 on
 #          the Llama-3.1-8B shape with PDL on and off (bf16, AWQ, FP8; AWQ without prefetch).
 set -uo pipefail
@@ -20,6 +22,18 @@ w1() {  # w1 NAME [engine args]: offline W1 of the 0.6B shape, output tokens/s
         --output-len 256 "$@" --save-result "$OUT/w1_$name.json" > "$OUT/w1_$name.log" 2>&1
     grep -m2 "output_tokens_per_s\|tok/s\|Error\|error:" "$OUT/w1_$name.log" | sed "s/^/$name: /"
 }
+if [ "$MODE" = one ]; then  # everything that fits one call, most needed first
+    py "${CHECK_SECONDS:-130}" benchmarks/pdl_gpu.py --model .gpu/qwen3 --models bf16,awq,fp8 \
+        --out "$OUT/pdl_check.json" 2>&1 | grep "PDL on\|failed\|Error" | tail -4
+    py "${W2_SECONDS:-140}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes qwen06b \
+        --variants bf16,bf16_nopdl,awq_rows,awq_nopdl,bf16_nopf --out "$OUT/w2_qwen06b.json" \
+        2>&1 | tail -6
+    py "${W2_8B_SECONDS:-230}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b \
+        --variants bf16,bf16_nopdl,awq_rows,awq_nopdl,fp8_rows,fp8_nopdl \
+        --out "$OUT/w2_llama8b.json" 2>&1 | tail -7
+    W1_SECONDS=45 w1 qwen06b_pdl
+    (export ENGINE_PDL=0; W1_SECONDS=45 w1 qwen06b_nopdl)
+fi
 if [ "$MODE" = call1 ]; then
     py "${TESTS_SECONDS:-150}" -m pytest -q -p no:cacheprovider -x tests/fused/test_gemv.py \
         tests/fused/test_fused_ops.py tests/fused/test_row_sampler.py \
