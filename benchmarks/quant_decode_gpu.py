@@ -20,9 +20,9 @@ as in round 16's first calls; ``awq_narrow`` the row GEMV on every launch, as be
 16; ``awq_rows_default`` the built-in tile on every launch, ``awq_rows8`` eight columns a
 program over 1024 activations a step, ``awq_rows_k4096`` 4096 activations a step),
 ``*_unfused``: the decoder's add+RMSNorm and SiLU-and-mul kernels as their own launches
-(``ENGINE_FUSED_NORM=0``), ``*_nopdl``: without programmatic dependent launch
-(``ENGINE_PDL=0``, :mod:`engine_sdk.layers.pdl`), ``*_nopf``: PDL without the GEMVs' L2
-prefetch (``ENGINE_PDL_PREFETCH=0``), ``awq_gemv``: its split-K GEMV
+(``ENGINE_FUSED_NORM=0``), ``*_pdl`` / ``*_nopdl``: with and without programmatic dependent
+launch (``ENGINE_PDL=1`` / ``0``, :mod:`engine_sdk.layers.pdl`), ``*_nopf``: PDL without the
+GEMVs' L2 prefetch (``ENGINE_PDL_PREFETCH=0``), ``awq_gemv``: its split-K GEMV
 (``ENGINE_AWQ_ROW_GEMV=0``), ``old`` rows ``ENGINE_QUANT_GEMV=0``. The table gives ms per
 output token and the ratio to bf16 of the same shape (< 1: faster than bf16).
 """
@@ -103,14 +103,26 @@ VARIANTS: list[tuple[str, str, list[str], dict[str, str | None]]] = [
         {"ENGINE_QUANT_GEMV": "1", "ENGINE_FUSED_NORM": "0"},
     ),
     ("bf16_unfused", "base", [], {"ENGINE_QUANT_GEMV": None, "ENGINE_FUSED_NORM": "0"}),
-    # programmatic dependent launch off (engine_sdk.layers.pdl): each kernel launched
-    # after the one before it ends, as before round 17
+    # programmatic dependent launch (engine_sdk.layers.pdl) on and off, whatever the
+    # default: *_pdl with the GEMVs' L2 prefetch, *_nopf without it
+    ("bf16_pdl", "base", [], {"ENGINE_QUANT_GEMV": None, "ENGINE_PDL": "1"}),
+    ("fp8_pdl", "base", ["--quantization", "fp8"], {"ENGINE_QUANT_GEMV": "1", "ENGINE_PDL": "1"}),
+    ("awq_pdl", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_PDL": "1"}),
     ("bf16_nopdl", "base", [], {"ENGINE_QUANT_GEMV": None, "ENGINE_PDL": "0"}),
     ("fp8_nopdl", "base", ["--quantization", "fp8"], {"ENGINE_QUANT_GEMV": "1", "ENGINE_PDL": "0"}),
     ("awq_nopdl", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_PDL": "0"}),
-    # PDL without the GEMVs' L2 prefetch of their weights before the wait
-    ("bf16_nopf", "base", [], {"ENGINE_QUANT_GEMV": None, "ENGINE_PDL_PREFETCH": "0"}),
-    ("awq_nopf", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_PDL_PREFETCH": "0"}),
+    (
+        "bf16_nopf",
+        "base",
+        [],
+        {"ENGINE_QUANT_GEMV": None, "ENGINE_PDL": "1", "ENGINE_PDL_PREFETCH": "0"},
+    ),
+    (
+        "awq_nopf",
+        "awq",
+        [],
+        {"ENGINE_QUANT_GEMV": "1", "ENGINE_PDL": "1", "ENGINE_PDL_PREFETCH": "0"},
+    ),
     ("awq_gemv", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_ROW_GEMV": "0"}),
     ("awq_old", "awq", [], {"ENGINE_QUANT_GEMV": "0"}),
 ]

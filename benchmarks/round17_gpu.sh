@@ -26,12 +26,12 @@ if [ "$MODE" = one ]; then  # everything that fits one call, most needed first
     py "${CHECK_SECONDS:-130}" benchmarks/pdl_gpu.py --model .gpu/qwen3 --models bf16,awq,fp8 \
         --out "$OUT/pdl_check.json" 2>&1 | grep "PDL on\|failed\|Error" | tail -4
     py "${W2_SECONDS:-140}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes qwen06b \
-        --variants bf16,bf16_nopdl,awq_rows,awq_nopdl,bf16_nopf --out "$OUT/w2_qwen06b.json" \
+        --variants bf16_pdl,bf16_nopdl,awq_pdl,awq_nopdl,bf16_nopf --out "$OUT/w2_qwen06b.json" \
         2>&1 | tail -6
     py "${W2_8B_SECONDS:-230}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b \
-        --variants bf16,bf16_nopdl,awq_rows,awq_nopdl,fp8_rows,fp8_nopdl \
+        --variants bf16_pdl,bf16_nopdl,awq_pdl,awq_nopdl,fp8_pdl,fp8_nopdl \
         --out "$OUT/w2_llama8b.json" 2>&1 | tail -7
-    W1_SECONDS=45 w1 qwen06b_pdl
+    (export ENGINE_PDL=1; W1_SECONDS=45 w1 qwen06b_pdl)
     (export ENGINE_PDL=0; W1_SECONDS=45 w1 qwen06b_nopdl)
 fi
 if [ "$MODE" = call1 ]; then
@@ -40,15 +40,15 @@ if [ "$MODE" = call1 ]; then
         plugins/triton/tests/test_triton_attention.py plugins/awq/tests/test_awq_rows.py \
         plugins/awq/tests/test_awq_wide.py plugins/fp8/tests/test_fp8_row_gemv.py 2>&1 | tail -3
     py "${W2_SECONDS:-220}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes qwen06b \
-        --variants "${W2_VARIANTS:-bf16,bf16_nopdl,bf16_nopf,fp8_rows,fp8_nopdl,awq_rows,awq_nopdl,awq_nopf}" \
+        --variants "${W2_VARIANTS:-bf16_pdl,bf16_nopdl,bf16_nopf,fp8_pdl,fp8_nopdl,awq_pdl,awq_nopdl,awq_nopf}" \
         --out "$OUT/w2_qwen06b.json" 2>&1 | tail -9
     py "${CHECK_SECONDS:-200}" benchmarks/pdl_gpu.py --model .gpu/qwen3 --out "$OUT/pdl_check.json" \
         2>&1 | grep "PDL on\|failed\|Error" | tail -6
 fi
 if [ "$MODE" = call2 ]; then
-    w1 qwen06b_pdl
+    (export ENGINE_PDL=1; w1 qwen06b_pdl)
     (export ENGINE_PDL=0; w1 qwen06b_nopdl)
     py "${W2_SECONDS:-370}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b \
-        --variants "${W2_VARIANTS:-bf16,bf16_nopdl,awq_rows,awq_nopdl,fp8_rows,fp8_nopdl,awq_nopf}" \
+        --variants "${W2_VARIANTS:-bf16_pdl,bf16_nopdl,awq_pdl,awq_nopdl,fp8_pdl,fp8_nopdl,awq_nopf}" \
         --out "$OUT/w2_llama8b.json" 2>&1 | tail -9
 fi

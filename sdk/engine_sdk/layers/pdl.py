@@ -19,7 +19,10 @@ The contract, for a kernel that takes ``PDL``:
   interpreter, older GPUs), where the kernel compiles as before.
 
 A kernel launched without the attribute (torch's, cuBLAS's, any launch without
-``pdl_launch``) waits for everything before it, as always. ``ENGINE_PDL=0`` turns it off.
+``pdl_launch``) waits for everything before it, as always.
+
+Off by default until a GPU has run it: ``ENGINE_PDL=1`` turns it on (``benchmarks/
+pdl_gpu.py`` checks greedy tokens on and off, ``benchmarks/round17_gpu.sh`` times it).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import triton.language as tl
 
 __all__ = ["ENABLED", "PREFETCH", "pdl_enabled", "pdl_launch", "pdl_prefetch_rows", "pdl_start"]
 
-ENABLED = os.environ.get("ENGINE_PDL", "1") != "0"
+ENABLED = os.environ.get("ENGINE_PDL", "0") == "1"
 PREFETCH = os.environ.get("ENGINE_PDL_PREFETCH", "1") != "0"
 
 
