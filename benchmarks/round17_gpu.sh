@@ -23,14 +23,16 @@ w1() {  # w1 NAME [engine args]: offline W1 of the 0.6B shape, output tokens/s
     grep -m2 "output_tokens_per_s\|tok/s\|Error\|error:" "$OUT/w1_$name.log" | sed "s/^/$name: /"
 }
 if [ "$MODE" = one ]; then  # everything that fits one call, most needed first
-    py "${CHECK_SECONDS:-130}" benchmarks/pdl_gpu.py --model .gpu/qwen3 --models bf16,awq,fp8 \
-        --out "$OUT/pdl_check.json" 2>&1 | grep "PDL on\|failed\|Error" | tail -4
+    py "${CHECK_SECONDS:-130}" benchmarks/pdl_gpu.py --model .gpu/qwen3 \
+        --models "${CHECK_MODELS:-bf16,awq,fp8}" --out "$OUT/pdl_check.json" 2>&1 \
+        | grep "PDL on\|failed\|Error" | tail -4
     py "${W2_SECONDS:-140}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes qwen06b \
-        --variants bf16_pdl,bf16_nopdl,awq_pdl,awq_nopdl,bf16_nopf --out "$OUT/w2_qwen06b.json" \
-        2>&1 | tail -6
+        --variants "${W2_06B:-bf16_pdl,bf16_nopdl,awq_pdl,awq_nopdl,bf16_nopf}" \
+        --out "$OUT/w2_qwen06b.json" 2>&1 | tail -6
     py "${W2_8B_SECONDS:-230}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 --shapes llama8b \
-        --variants bf16_pdl,bf16_nopdl,awq_pdl,awq_nopdl,fp8_pdl,fp8_nopdl \
+        --variants "${W2_8B:-bf16_pdl,bf16_nopdl,awq_pdl,awq_nopdl,fp8_pdl,fp8_nopdl}" \
         --out "$OUT/w2_llama8b.json" 2>&1 | tail -7
+    [ "${W1_SKIP:-0}" = 1 ] && exit 0
     (export ENGINE_PDL=1; W1_SECONDS=45 w1 qwen06b_pdl)
     (export ENGINE_PDL=0; W1_SECONDS=45 w1 qwen06b_nopdl)
 fi
