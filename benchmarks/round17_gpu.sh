@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Device calls of round 17 (2026-12-07), run from the working tree (carry .whl and .gpu):
 # programmatic dependent launch (engine_sdk.layers.pdl) on the decode step's Triton kernels.
-#   call1: the GPU tests of the kernels that now launch with PDL (eagerly, each after the
-#          one before it), W2 (batch 1, 128 in / 256 out) on the Qwen3-0.6B shape with PDL
+#   call1: the GPU tests of the kernels that now launch with PDL (ENGINE_PDL=1; eagerly,
+#          each after the one before it), W2 (batch 1, 128 in / 256 out) on the Qwen3-0.6B shape with PDL
 #          on and off for bf16, FP8 and AWQ (benchmarks/quant_decode_gpu.py *_nopdl; *_nopf:
 #          PDL without the GEMVs' L2 prefetch of their weights), then
 #          greedy tokens with PDL on and off (benchmarks/pdl_gpu.py: bf16, FP8, AWQ, fp8 KV
@@ -37,7 +37,7 @@ if [ "$MODE" = one ]; then  # everything that fits one call, most needed first
     (export ENGINE_PDL=0; W1_SECONDS=45 w1 qwen06b_nopdl)
 fi
 if [ "$MODE" = call1 ]; then
-    py "${TESTS_SECONDS:-150}" -m pytest -q -p no:cacheprovider -x tests/fused/test_gemv.py \
+    ENGINE_PDL=1 py "${TESTS_SECONDS:-150}" -m pytest -q -p no:cacheprovider -x tests/fused/test_gemv.py \
         tests/fused/test_fused_ops.py tests/fused/test_row_sampler.py \
         plugins/triton/tests/test_triton_attention.py plugins/awq/tests/test_awq_rows.py \
         plugins/awq/tests/test_awq_wide.py plugins/fp8/tests/test_fp8_row_gemv.py 2>&1 | tail -3
