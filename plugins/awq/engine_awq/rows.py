@@ -122,16 +122,6 @@ def row_norms(x_ptr, r_ptr, res_ptr, M, K, eps, stride_xm, pid,
 
 
 @triton.jit
-def _prefetch(qw_ptr, first, N, words, stride_qw, BLOCK_N: tl.constexpr, STEP: tl.constexpr,
-              GATED: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
-    """The code words of columns ``first .. + BLOCK_N`` (and, ``GATED``, of their up columns
-    ``N + ...``) into L2: :func:`engine_sdk.layers.pdl.pdl_prefetch_rows`."""
-    pdl_prefetch_rows(qw_ptr, first, N, stride_qw, words, BLOCK_N, STEP, PREFETCH)
-    if GATED:
-        pdl_prefetch_rows(qw_ptr, N + first, 2 * N, stride_qw, words, BLOCK_N, STEP, PREFETCH)
-
-
-@triton.jit
 def normed(h, r, nw, inv, dt):
     """``rms_norm(x + r) * nw`` from the loaded ``x`` (``h``), ``r`` and ``nw`` (float32) and
     the row's ``inv``, with the add+norm kernel's roundings (the sum, the normalized value
@@ -221,8 +211,8 @@ def awq_rows_kernel(
     W: tl.constexpr = CHUNK // 8
     pid = tl.program_id(0)
     # the program's code words into L2 before the wait (engine_sdk.layers.pdl)
-    _prefetch(qw_ptr, pid * BLOCK_N, N, num_chunks * W, stride_qw, BLOCK_N, BLOCK_C * W, GATED,
-              PREFETCH)  # fmt: skip
+    pdl_prefetch_rows(qw_ptr, pid * BLOCK_N, N, stride_qw, num_chunks * W, BLOCK_N, BLOCK_C * W,
+                      PREFETCH, GATED)  # fmt: skip
     pdl_start(PDL)
     dt = x_ptr.dtype.element_ty
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -49,10 +49,10 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from engine_sdk.layers.pdl import pdl_launch, pdl_start
+from engine_sdk.layers.pdl import pdl_launch, pdl_prefetch_rows, pdl_start
 from engine_sdk.layers.split_k import tuned_config
 
-from engine_awq.rows import _prefetch, normed, row_norms
+from engine_awq.rows import normed, row_norms
 
 __all__ = ["WIDE_MIN_K", "WideTile", "awq_wide", "takes_wide", "wide_tile"]
 
@@ -149,8 +149,8 @@ def awq_wide_kernel(
     W: tl.constexpr = CHUNK // 8
     pid = tl.program_id(0)
     # the program's code words into L2 before the wait (engine_sdk.layers.pdl)
-    _prefetch(qw_ptr, pid * BLOCK_N, N, num_chunks * W, stride_qw, BLOCK_N, BLOCK_C * W, GATED,
-              PREFETCH)  # fmt: skip
+    pdl_prefetch_rows(qw_ptr, pid * BLOCK_N, N, stride_qw, num_chunks * W, BLOCK_N, BLOCK_C * W,
+                      PREFETCH, GATED)  # fmt: skip
     pdl_start(PDL)
     dt = x_ptr.dtype.element_ty
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -120,11 +120,7 @@ def gemv_add_rms_norm_kernel(
     the up rows). ``PREFETCH``: as in ``gemv_kernel``."""
     pid = tl.program_id(0)
     if not SHRINK:
-        pdl_prefetch_rows(w_ptr, pid * BLOCK_N, N, stride_wn, K, BLOCK_N, BLOCK_K, PREFETCH)
-        if GATED:
-            pdl_prefetch_rows(
-                w_ptr, N + pid * BLOCK_N, 2 * N, stride_wn, K, BLOCK_N, BLOCK_K, PREFETCH
-            )
+        pdl_prefetch_rows(w_ptr, pid * BLOCK_N, N, stride_wn, K, BLOCK_N, BLOCK_K, PREFETCH, GATED)
     pdl_start(PDL)
     if SHRINK:
         if pid < NUM_SHRINK:

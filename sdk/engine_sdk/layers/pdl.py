@@ -74,25 +74,38 @@ def pdl_start(PDL: tl.constexpr):
 
 @triton.jit
 def pdl_prefetch_rows(ptr, first_row, num_rows, stride_row, row_elements,
-                      ROWS: tl.constexpr, STEP: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
+                      ROWS: tl.constexpr, STEP: tl.constexpr, PREFETCH: tl.constexpr,
+                      GATED: tl.constexpr = False):  # fmt: skip
     """Before :func:`pdl_start`: ask L2 for rows ``first_row .. + ROWS`` (those in ``0 ..
     num_rows``) of a weight, ``row_elements`` of ``ptr``'s type each, rows ``stride_row``
-    elements apart, in 128-byte lines, ``STEP`` elements of each row an instruction. A
+    elements apart, in 128-byte lines, ``STEP`` elements of each row an instruction;
+    ``GATED``: the weight is a merged ``[gate | up]`` of ``2 * num_rows`` rows, and the
+    matching up rows ``num_rows + first_row ..`` are asked for too. A
     prefetch only moves lines into L2, which every later load sees coherently, so it may
     run while the kernel before this one still runs: a GEMV's weights (which no kernel of
     the step writes) then stream from HBM during that kernel's tail, and its loads after
     the wait hit L2. Nothing when ``PREFETCH`` is False."""
     if PREFETCH:
-        width: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
-        LINES: tl.constexpr = (STEP * width + 127) // 128
-        rows = first_row + tl.arange(0, ROWS)[:, None]
-        row_ok = (rows >= 0) & (rows < num_rows)
-        base = ptr.to(tl.pointer_type(tl.int8))
-        row_at = base + rows.to(tl.int64) * stride_row * width
-        for b0 in range(0, row_elements * width, LINES * 128):
-            lines = b0 + tl.arange(0, LINES)[None, :] * 128
-            at = tl.where(row_ok & (lines < row_elements * width), row_at + lines, base)
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1]; // $0", "=r,l", [at], dtype=tl.int32, is_pure=False,
-                pack=1,
-            )  # fmt: skip
+        _prefetch_lines(ptr, first_row, num_rows, stride_row, row_elements, ROWS, STEP)
+        if GATED:
+            _prefetch_lines(ptr, num_rows + first_row, 2 * num_rows, stride_row, row_elements,
+                            ROWS, STEP)  # fmt: skip
+
+
+@triton.jit
+def _prefetch_lines(ptr, first_row, num_rows, stride_row, row_elements,
+                    ROWS: tl.constexpr, STEP: tl.constexpr):  # fmt: skip
+    """One block of rows of :func:`pdl_prefetch_rows`."""
+    width: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
+    LINES: tl.constexpr = (STEP * width + 127) // 128
+    rows = first_row + tl.arange(0, ROWS)[:, None]
+    row_ok = (rows >= 0) & (rows < num_rows)
+    base = ptr.to(tl.pointer_type(tl.int8))
+    row_at = base + rows.to(tl.int64) * stride_row * width
+    for b0 in range(0, row_elements * width, LINES * 128):
+        lines = b0 + tl.arange(0, LINES)[None, :] * 128
+        at = tl.where(row_ok & (lines < row_elements * width), row_at + lines, base)
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; // $0", "=r,l", [at], dtype=tl.int32, is_pure=False,
+            pack=1,
+        )  # fmt: skip
