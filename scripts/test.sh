@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command: lint, format check, type check (strict on the SDK), tests.
 # Runs with the venv at $VENV (default .venv); extra arguments go to pytest.
+# pytest runs the files over $PYTEST_WORKERS processes (pytest-xdist; default: the CPU
+# count, at most 4; 0 runs everything in this process), one file to a process so that a
+# module's server or model fixture is built once.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,4 +18,5 @@ ruff format --check .
 echo "== mypy"
 mypy
 echo "== pytest"
-pytest -m "not gpu" -p no:cacheprovider "$@"
+WORKERS="${PYTEST_WORKERS:-$(python -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')}"
+pytest -m "not gpu" -p no:cacheprovider -n "$WORKERS" --dist loadfile "$@"

