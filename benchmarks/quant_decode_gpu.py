@@ -22,7 +22,9 @@ program over 1024 activations a step, ``awq_rows_k4096`` 4096 activations a step
 ``*_unfused``: the decoder's add+RMSNorm and SiLU-and-mul kernels as their own launches
 (``ENGINE_FUSED_NORM=0``), ``*_pdl`` / ``*_nopdl``: with and without programmatic dependent
 launch (``ENGINE_PDL=1`` / ``0``, :mod:`engine_sdk.layers.pdl`), ``*_nopf``: PDL without the
-GEMVs' L2 prefetch (``ENGINE_PDL_PREFETCH=0``), ``awq_gemv``: its split-K GEMV
+GEMVs' L2 prefetch (``ENGINE_PDL_PREFETCH=0``), ``bf16_compile``: torch.compile's forward
+in the decode graph (``ENGINE_TORCH_COMPILE=1``, one captured size) against ``bf16_seqs1``
+(the same size, eager forward), ``awq_gemv``: its split-K GEMV
 (``ENGINE_AWQ_ROW_GEMV=0``), ``old`` rows ``ENGINE_QUANT_GEMV=0``. The table gives ms per
 output token and the ratio to bf16 of the same shape (< 1: faster than bf16).
 """
@@ -123,6 +125,15 @@ VARIANTS: list[tuple[str, str, list[str], dict[str, str | None]]] = [
         [],
         {"ENGINE_QUANT_GEMV": "1", "ENGINE_PDL": "1", "ENGINE_PDL_PREFETCH": "0"},
     ),
+    # issue 14 item 2, never measured: torch.compile's forward in the decode graphs (one
+    # compile per captured size, so only size 1), against bf16_seqs1 with the same sizes
+    (
+        "bf16_compile",
+        "base",
+        ["--max-num-seqs", "1"],
+        {"ENGINE_QUANT_GEMV": None, "ENGINE_PDL": "0", "ENGINE_TORCH_COMPILE": "1"},
+    ),
+    ("bf16_seqs1", "base", ["--max-num-seqs", "1"], {"ENGINE_QUANT_GEMV": None, "ENGINE_PDL": "0"}),
     ("awq_gemv", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_ROW_GEMV": "0"}),
     ("awq_old", "awq", [], {"ENGINE_QUANT_GEMV": "0"}),
 ]
