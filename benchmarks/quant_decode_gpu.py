@@ -24,7 +24,9 @@ program over 1024 activations a step, ``awq_rows_k4096`` 4096 activations a step
 launch (``ENGINE_PDL=1`` / ``0``, :mod:`engine_sdk.layers.pdl`), ``*_nopf``: PDL without the
 GEMVs' L2 prefetch (``ENGINE_PDL_PREFETCH=0``), ``bf16_compile``: torch.compile's forward
 in the decode graph (``ENGINE_TORCH_COMPILE=1``, one captured size) against ``bf16_seqs1``
-(the same size, eager forward), ``awq_gemv``: its split-K GEMV
+(the same size, eager forward), ``*_stages2``: the row GEMVs' K loops pipelined
+(``ENGINE_GEMV_LOOP_STAGES`` / ``ENGINE_AWQ_LOOP_STAGES`` 2; AWQ with the row GEMV on every
+launch, to set against ``awq_narrow``), ``awq_gemv``: its split-K GEMV
 (``ENGINE_AWQ_ROW_GEMV=0``), ``old`` rows ``ENGINE_QUANT_GEMV=0``. The table gives ms per
 output token and the ratio to bf16 of the same shape (< 1: faster than bf16).
 """
@@ -134,6 +136,31 @@ VARIANTS: list[tuple[str, str, list[str], dict[str, str | None]]] = [
         {"ENGINE_QUANT_GEMV": None, "ENGINE_PDL": "0", "ENGINE_TORCH_COMPILE": "1"},
     ),
     ("bf16_seqs1", "base", ["--max-num-seqs", "1"], {"ENGINE_QUANT_GEMV": None, "ENGINE_PDL": "0"}),
+    # the row GEMVs' K loops pipelined (cp.async, 2 stages), PDL off: against *_nopdl, and
+    # for AWQ against awq_narrow (the row GEMV on every launch; the wide GEMV has no STAGES)
+    (
+        "bf16_stages2",
+        "base",
+        [],
+        {"ENGINE_QUANT_GEMV": None, "ENGINE_PDL": "0", "ENGINE_GEMV_LOOP_STAGES": "2"},
+    ),
+    (
+        "fp8_stages2",
+        "base",
+        ["--quantization", "fp8"],
+        {"ENGINE_QUANT_GEMV": "1", "ENGINE_PDL": "0", "ENGINE_GEMV_LOOP_STAGES": "2"},
+    ),
+    (
+        "awq_rows_stages2",
+        "awq",
+        [],
+        {
+            "ENGINE_QUANT_GEMV": "1",
+            "ENGINE_PDL": "0",
+            "ENGINE_AWQ_WIDE_MIN_K": "0",
+            "ENGINE_AWQ_LOOP_STAGES": "2",
+        },
+    ),
     ("awq_gemv", "awq", [], {"ENGINE_QUANT_GEMV": "1", "ENGINE_AWQ_ROW_GEMV": "0"}),
     ("awq_old", "awq", [], {"ENGINE_QUANT_GEMV": "0"}),
 ]

@@ -14,6 +14,9 @@
 #                   one captured size (issue 14 item 2, never measured)
 #          w1seqs   W1 0.6B at vLLM's H100/H200 offline defaults (--max-num-seqs 1024
 #                   --max-num-batched-tokens 16384) and at 512, against Engine's (256, 8192)
+#          stages   the row GEMVs' K loops pipelined (ENGINE_GEMV_LOOP_STAGES /
+#                   ENGINE_AWQ_LOOP_STAGES 2): their GPU tests, then W2 8B against the plain
+#                   loops (PDL off in both)
 #   call2: W1 (1024 x 512 in / 256 out) on the 0.6B shape with PDL on and off, then W2 on
 #          the Llama-3.1-8B shape with PDL on and off (bf16, AWQ, FP8; AWQ without prefetch).
 set -uo pipefail
@@ -45,6 +48,13 @@ if [ "$MODE" = one ]; then  # everything that fits one call, most needed first
     part compile && py "${COMPILE_SECONDS:-300}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 \
         --shapes qwen06b --variants bf16_seqs1,bf16_compile --out "$OUT/w2_compile.json" 2>&1 \
         | tail -3
+    if part stages; then
+        ENGINE_GEMV_LOOP_STAGES=2 ENGINE_AWQ_LOOP_STAGES=2 py 150 -m pytest -q -p no:cacheprovider \
+            tests/fused/test_gemv.py plugins/awq/tests/test_awq_rows.py 2>&1 | tail -2
+        py "${STAGES_SECONDS:-260}" benchmarks/quant_decode_gpu.py --model .gpu/qwen3 \
+            --shapes llama8b --out "$OUT/w2_stages.json" --variants \
+            bf16_nopdl,bf16_stages2,fp8_nopdl,fp8_stages2,awq_narrow,awq_rows_stages2 2>&1 | tail -7
+    fi
     if part w1seqs; then  # the default tree's PDL setting; W1 of Engine's defaults is "w1"
         W1_SECONDS=60 w1 qwen06b_seqs512 --max-num-seqs 512 --max-num-batched-tokens 16384
         W1_SECONDS=60 w1 qwen06b_seqs1024 --max-num-seqs 1024 --max-num-batched-tokens 16384

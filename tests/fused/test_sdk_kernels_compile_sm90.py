@@ -123,6 +123,26 @@ def test_gemv_kernel(block_m: int, block_k: int, has_bias: bool) -> None:
     assert "atom.global" not in report["ptx"]  # no LoRA, no shrink: no counters
 
 
+@pytest.mark.parametrize("stages", [0, 2])
+@pytest.mark.parametrize("weight", ["*bf16", "*fp8e4nv"])
+def test_gemv_kernel_loop_pipelines_only_with_stages(weight: str, stages: int) -> None:
+    """``STAGES`` (``gemv.LOOP_STAGES``): the K loop's weight rows travel by cp.async into
+    shared memory a step ahead; without it the launch's ``num_stages`` (3 here) leaves the
+    loop's plain loads. The rows a program are the launches' (2 bf16, ``FP8_BLOCK_N``)."""
+    from engine_sdk.layers import gemv
+
+    fp8 = weight == "*fp8e4nv"
+    constants = {
+        "HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": gemv.FP8_BLOCK_N if fp8 else 2,
+        "BLOCK_K": 2048, "LORA": False, "SCALE": 2 if fp8 else 0, "STAGES": stages,
+    }  # fmt: skip
+    # as the launches specialize them: aligned pointers, K and the row stride multiples of 16
+    aligned = ["x_ptr", "w_ptr", "out_ptr", "K", "stride_wn"]
+    types = {"w_ptr": weight, "s_ptr": "*fp32"}
+    report = _compile(_GEMV, "gemv_kernel", constants, types=types, aligned=aligned)
+    assert ("cp.async" in report["ptx"]) == (stages >= 2)
+
+
 def test_gemv_kernel_float32_logits() -> None:
     """The LM head's GEMV (``ENGINE_GEMV_LM_HEAD=1``): bf16 weights, float32 logits out."""
     constants = {"HAS_BIAS": False, "BLOCK_M": 1, "BLOCK_N": 2, "BLOCK_K": 1024, "LORA": False}

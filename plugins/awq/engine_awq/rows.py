@@ -74,6 +74,15 @@ ROWS_BLOCK_N = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_N", "4"))
 ROWS_BLOCK_K = int(os.environ.get("ENGINE_AWQ_ROWS_BLOCK_K", "2048"))
 # a sweep's tile from the environment: every launch takes it, the GPU's table is not read
 SWEEP_TILE = any(f"ENGINE_AWQ_ROWS_BLOCK_{x}" in os.environ for x in "NK")
+# Pipeline stages of the row GEMV's K loop (its STAGES): >= 2 has Triton load the next
+# steps' code words and activations (cp.async into shared memory) while this step's
+# arithmetic runs; 0 keeps the plain loop, where they leave only after it. The launch's
+# num_stages (RowsTile.num_stages) does not pipeline this loop (sm90 machine code: no
+# cp.async at any num_stages), so no sweep has timed a pipelined loop yet; off until a GPU
+# has (ENGINE_AWQ_LOOP_STAGES). The wide GEMV keeps its plain loop: pipelined, it spills
+# (255 registers, 82 KB of shared memory at 2 stages: its activations are staged once a
+# column).
+LOOP_STAGES = int(os.environ.get("ENGINE_AWQ_LOOP_STAGES", "0"))
 
 
 class RowsTile(NamedTuple):
@@ -201,13 +210,13 @@ def awq_rows_kernel(
     GROUP: tl.constexpr, CHUNK: tl.constexpr, NPG: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr = False, NORM_K: tl.constexpr = 16, GATED: tl.constexpr = False,
-    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, STAGES: tl.constexpr = 0,
 ):  # fmt: skip
     """``out[m, n] = sum_k h[m, k] * (q[k, n] - z[g, n]) * s[g, n] (+ b[n])`` for this
     program's ``BLOCK_N`` columns, ``h = x`` or (``NORM``) the normalized ``x + r`` (``x``,
     ``r`` and the new residual ``res`` share the row stride ``stride_xm``); float32
     accumulation, one rounding to ``x``'s dtype at the store (see the module docstring
-    for ``GATED``)."""
+    for ``GATED``). ``STAGES`` >= 2: the K loop's loads pipelined (``LOOP_STAGES``)."""
     W: tl.constexpr = CHUNK // 8
     pid = tl.program_id(0)
     # the program's code words into L2 before the wait (engine_sdk.layers.pdl)
@@ -231,7 +240,7 @@ def awq_rows_kernel(
     cols3 = cols[:, None, None]
     n_ok3 = n_ok[:, None, None]
     words_at = cols3.to(tl.int64) * stride_qw + tl.arange(0, W)[None, None, :]
-    for c0 in range(0, num_chunks, BLOCK_C):
+    for c0 in tl.range(0, num_chunks, BLOCK_C, num_stages=STAGES):
         offs_c = c0 + tl.arange(0, BLOCK_C)[None, :, None]  # [1, BLOCK_C, 1]
         ok = n_ok3 & (offs_c < num_chunks)  # [BLOCK_N, BLOCK_C, 1]
         words = tl.load(qw_ptr + words_at + offs_c * W, mask=ok, other=0)
@@ -345,7 +354,7 @@ def _launch(
         GROUP=group_size, CHUNK=chunk, NPG=npg, BLOCK_M=triton.next_power_of_2(num_tokens),
         BLOCK_N=tile.block_n, BLOCK_C=block_c,
         HAS_BIAS=bias is not None, NORM=norm,
-        NORM_K=triton.next_power_of_2(num_in) if norm else 16, GATED=gated,
+        NORM_K=triton.next_power_of_2(num_in) if norm else 16, GATED=gated, STAGES=LOOP_STAGES,
         **{k: v for k, v in options.items() if v is not None}, **pdl_launch(x, prefetch=True),
     )  # fmt: skip
     return out, new_residual

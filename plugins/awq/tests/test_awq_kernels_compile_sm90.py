@@ -217,3 +217,20 @@ def test_awq_gemm_kernel(m: int, split_k: int) -> None:
     assert "mma" in report["ptx"]
     # the split parts are added with float32 atomics (atom.global....add.f32)
     assert ("atom.global" in report["ptx"]) == (split_k > 1)
+
+
+# -- the row GEMV's K loop pipelined (STAGES, engine_awq.rows.LOOP_STAGES) --------------------
+
+
+@pytest.mark.parametrize("stages", [0, 2, 3])
+def test_awq_rows_loop_pipelines_only_with_stages(stages: int) -> None:
+    """The 8B gate/up tile (8 columns, 1024 activations a step, gated): with ``STAGES`` the
+    code words and activations travel by cp.async into shared memory, ``STAGES - 1`` steps
+    ahead; without, the launch's ``num_stages`` (3 here) leaves the loop's plain loads."""
+    constants = {"GROUP": 128, "CHUNK": 128, "NPG": 8, "BLOCK_M": 1, "BLOCK_N": 8,
+                 "BLOCK_C": 8, "HAS_BIAS": False, "GATED": True, "STAGES": stages}  # fmt: skip
+    types = {**_TILED, "b_ptr": _bias(False), "eps": "fp32", "magic": "i32"}
+    report = _compile("engine_awq.rows", "awq_rows_kernel", constants, types=types)
+    assert ("cp.async" in report["ptx"]) == (stages >= 2)
+    if stages >= 2:  # a buffer for each step in flight: 8 columns x 8 chunks x 16 words x 2
+        assert report["shared"] >= (stages - 1) * 2 * 8 * 8 * 16 * 4

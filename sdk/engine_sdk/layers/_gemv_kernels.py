@@ -39,6 +39,7 @@ def gemv_kernel(
     SCALE: tl.constexpr = 0,
     PDL: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
+    STAGES: tl.constexpr = 0,
 ):  # fmt: skip
     """``out[m, n] = sum_k x[m, k] * w[n, k] (+ b[n])`` for ``BLOCK_N`` weight rows per
     program: each weight tile is loaded once and used by all ``M <= BLOCK_M`` rows of
@@ -47,7 +48,11 @@ def gemv_kernel(
     column's ``s[n]`` (2) before the bias. With ``LORA`` the epilogue
     adds each row's adapter delta (``_lora_delta``); with ``SHRINK`` the first
     ``NUM_SHRINK`` programs compute the shrink those epilogues read (``_shrink_program``).
-    ``PREFETCH`` (with ``PDL``): the program's weight rows are asked of L2 before the wait."""
+    ``PREFETCH`` (with ``PDL``): the program's weight rows are asked of L2 before the wait.
+    ``STAGES`` >= 2: Triton pipelines the K loop's loads (cp.async into shared memory,
+    ``STAGES - 1`` steps ahead of the arithmetic); 0 keeps the plain loop, whose next loads
+    leave only after this step's arithmetic (the launch's ``num_stages`` does not pipeline
+    it)."""
     pid = tl.program_id(0)
     if not SHRINK:
         pdl_prefetch_rows(w_ptr, pid * BLOCK_N, N, stride_wn, K, BLOCK_N, BLOCK_K, PREFETCH)
@@ -67,7 +72,7 @@ def gemv_kernel(
     n_ok = offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         k_ok = (k0 + offs_k) < K
         w = tl.load(w_rows + (k0 + offs_k)[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         w = w.to(tl.float32)

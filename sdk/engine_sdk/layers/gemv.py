@@ -85,6 +85,9 @@ LORA_BLOCK_N = int(os.environ.get("ENGINE_LORA_GEMV_BLOCK_N", "2"))
 # program 0.95x bf16's in the same call. ENGINE_GEMV_FP8_BLOCK_N / _GATED_BLOCK_N: sweeps.
 FP8_BLOCK_N = int(os.environ.get("ENGINE_GEMV_FP8_BLOCK_N", "4"))
 FP8_GATED_BLOCK_N = int(os.environ.get("ENGINE_GEMV_FP8_GATED_BLOCK_N", "2"))
+# Pipeline stages of the plain kernel's K loop (gemv_kernel's STAGES; 0: the plain loop).
+# Off until a GPU has measured it: ENGINE_GEMV_LOOP_STAGES for sweeps.
+LOOP_STAGES = int(os.environ.get("ENGINE_GEMV_LOOP_STAGES", "0"))
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -292,7 +295,8 @@ def gemv(
         x, weight, bias if bias is not None else weight, scale if scale is not None else weight,
         out, num_rows, n, k, x.stride(0), weight.stride(0), out.stride(0), *lora_args,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, SCALE=scale_mode, **lora_constants, **pdl_launch(x, prefetch=lora is None),
+        num_warps=warps, SCALE=scale_mode, STAGES=LOOP_STAGES, **lora_constants,
+        **pdl_launch(x, prefetch=lora is None),
     )  # fmt: skip
     return out
 

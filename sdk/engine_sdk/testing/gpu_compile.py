@@ -52,9 +52,10 @@ for name in kernel.arg_names:
         signature[name] = spec["types"][name]
     else:
         signature[name] = spec["pointer"] if name.endswith("_ptr") else "i32"
+attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in spec["aligned"]}
 target = GPUTarget("cuda", spec["arch"], 32)
 compiled = triton.compile(
-    ASTSource(kernel, signature, constants), target=target, options=spec["options"]
+    ASTSource(kernel, signature, constants, attrs), target=target, options=spec["options"]
 )
 print(json.dumps({
     "cubin_bytes": len(compiled.asm["cubin"]),
@@ -74,10 +75,13 @@ def compile_for_gpu(
     num_warps: int = 4,
     num_stages: int = 3,
     timeout: float = 300.0,
+    aligned: list[str] | None = None,
 ) -> dict[str, Any]:
     """Compile ``module.kernel`` for ``sm_<arch>``; returns ``cubin_bytes``, the ``ptx`` text
     and the ``shared`` memory bytes, or raises ``AssertionError`` with the compiler's
-    message."""
+    message. ``aligned``: arguments compiled as multiples of 16 (a pointer 16-byte aligned,
+    an integer divisible by 16), as Triton specializes a launch whose values are; without
+    it, loads of 2-byte elements stay scalar (no vector loads, no cp.async)."""
     spec = {
         "module": module,
         "kernel": kernel,
@@ -86,6 +90,7 @@ def compile_for_gpu(
         "pointer": pointer,
         "arch": arch,
         "options": {"num_warps": num_warps, "num_stages": num_stages},
+        "aligned": aligned or [],
     }
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
