@@ -56,9 +56,9 @@ if [ "$MODE" = one ]; then  # everything that fits one call, most needed first
             bf16_nopdl,bf16_stages2,fp8_nopdl,fp8_stages2,awq_narrow,awq_rows_stages2 2>&1 | tail -7
     fi
     if part w1seqs; then  # the default tree's PDL setting; W1 of Engine's defaults is "w1"
-        W1_SECONDS=60 w1 qwen06b_seqs512 --max-num-seqs 512 --max-num-batched-tokens 16384
-        W1_SECONDS=60 w1 qwen06b_seqs1024 --max-num-seqs 1024 --max-num-batched-tokens 16384
-        W1_SECONDS=50 w1 qwen06b_seqs256
+        W1_SECONDS=90 w1 qwen06b_seqs512 --max-num-seqs 512 --max-num-batched-tokens 16384
+        W1_SECONDS=90 w1 qwen06b_seqs1024 --max-num-seqs 1024 --max-num-batched-tokens 16384
+        W1_SECONDS=60 w1 qwen06b_seqs256
     fi
 fi
 if [ "$MODE" = call1 ]; then
