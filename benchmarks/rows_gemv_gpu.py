@@ -23,9 +23,10 @@ swept tile's output is checked against the default tile's (relative error at mos
 ``TOLERANCE``): a tile that computes something else is dropped, not timed.
 
 The sweep (``--sweep-s`` seconds at most, shared out evenly over the launches still to
-sweep) takes two passes per launch: columns a program x
-activations a step at Triton's default warps and stages, then warps x stages at the best
-pair. ``--write-tuned DIR`` writes ``DIR/engine_awq/<device>.json``: the plugin's table for
+sweep) takes two passes per launch: columns a program x activations a step at Triton's
+default warps and stages, then warps x the K loop's pipeline stages
+(``RowsTile.loop_stages``: 0, 2, 3) at the best pair. ``--write-tuned DIR`` writes
+``DIR/engine_awq/<device>.json``: the plugin's table for
 this GPU (kept rows of the tree's table, plus ``awq_rows_<launch>_c<chunk>,N,K,1`` for each
 launch whose best tile beat the default by ``TUNED_MIN_GAIN``), which
 :func:`engine_awq.rows.rows_tile` reads once copied to ``plugins/awq/engine_awq/tuned/``.
@@ -61,7 +62,9 @@ TOLERANCE = 1e-2
 TUNED_MIN_GAIN = 0.03
 EPS = 1e-6
 AWQ_PAIRS = [(bn, bk) for bn in (2, 4, 8, 16) for bk in (1024, 2048, 4096)]
-AWQ_OPTIONS = [(w, s) for w in (2, 4, 8) for s in (1, 2, 3)]
+# the second pass: warps x the K loop's pipeline stages (RowsTile.loop_stages; the launch's
+# num_stages, swept here before round 18, does not pipeline the loop)
+AWQ_OPTIONS = [(w, s) for w in (2, 4, 8) for s in (0, 2, 3)]
 FP8_TILES = [(bn, bk, w) for bn in (1, 2, 4, 8) for bk in (512, 1024, 2048) for w in (4, 8)]
 FP8_BLOCK_NS = (1, 2, 4, 8)  # the add+RMSNorm / gated launches take only their rows a program
 # engine_awq.wide tiles (columns a program, activations a step); gated: the gate columns
@@ -230,7 +233,7 @@ def main() -> int:  # noqa: PLR0915
                         best = min(tried, key=tried.__getitem__)
                         for nwarps, stages in options:
                             if time.time() < deadline:
-                                tile = best._replace(num_warps=nwarps, num_stages=stages)
+                                tile = best._replace(num_warps=nwarps, loop_stages=stages)
                                 us = timed("awq", kind, p, acts, tile, wants["awq"])
                                 tried[tile] = us or 1e9
                 for family, found in (("awq", tried), ("fp8", fp8_tried), ("wide", wide_tried)):

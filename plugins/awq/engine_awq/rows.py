@@ -87,12 +87,15 @@ LOOP_STAGES = int(os.environ.get("ENGINE_AWQ_LOOP_STAGES", "0"))
 
 class RowsTile(NamedTuple):
     """One launch's tile: output columns a program, activations a K step (rounded to
-    whole chunks, at most the row), warps and pipeline stages (None: Triton's default)."""
+    whole chunks, at most the row), warps and the launch's pipeline stages (None: Triton's
+    default; they do not pipeline this kernel's loop), and the K loop's stages
+    (``STAGES``; None: ``LOOP_STAGES``)."""
 
     block_n: int = ROWS_BLOCK_N
     block_k: int = ROWS_BLOCK_K
     num_warps: int | None = None
     num_stages: int | None = None
+    loop_stages: int | None = None
 
 
 def rows_tile(
@@ -354,7 +357,8 @@ def _launch(
         GROUP=group_size, CHUNK=chunk, NPG=npg, BLOCK_M=triton.next_power_of_2(num_tokens),
         BLOCK_N=tile.block_n, BLOCK_C=block_c,
         HAS_BIAS=bias is not None, NORM=norm,
-        NORM_K=triton.next_power_of_2(num_in) if norm else 16, GATED=gated, STAGES=LOOP_STAGES,
+        NORM_K=triton.next_power_of_2(num_in) if norm else 16, GATED=gated,
+        STAGES=LOOP_STAGES if tile.loop_stages is None else tile.loop_stages,
         **{k: v for k, v in options.items() if v is not None}, **pdl_launch(x, prefetch=True),
     )  # fmt: skip
     return out, new_residual

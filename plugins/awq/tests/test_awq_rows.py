@@ -9,6 +9,7 @@ launches (or, past the limit, the plain ones) with the logits of the checkpoint 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -312,3 +313,31 @@ def test_launch_uses_the_tile_of_its_launch(monkeypatch: pytest.MonkeyPatch) -> 
         x, residual, weight, 1e-6, qweight, zeros, scales, 64, chunk, gated=True
     )  # fmt: skip
     assert asked == [(launch, 2, 72, 384, chunk) for launch in ("plain", "norm", "gated")]
+
+
+def test_loop_stages_come_from_the_tile_else_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The K loop's pipeline stages (the kernel's ``STAGES``): a tile's ``loop_stages`` (a
+    table row's, written by the sweep) wins; a tile without takes ``LOOP_STAGES``
+    (``ENGINE_AWQ_LOOP_STAGES``, 0 by default: the plain loop)."""
+    launched: list[dict] = []
+
+    class Kernel:
+        def __getitem__(self, grid: tuple[int, ...]):  # type: ignore[no-untyped-def]
+            return lambda *args, **kw: launched.append(kw)
+
+    monkeypatch.setattr(rows, "awq_rows_kernel", Kernel())
+    qweight, zeros, scales, chunk, _ = _tiled(384, 72, 64, seed=9)
+    x = torch.randn(1, 384, dtype=torch.float16)
+    if "ENGINE_AWQ_LOOP_STAGES" not in os.environ:  # (the GPU script sets it to time it)
+        assert rows.LOOP_STAGES == 0
+    monkeypatch.setattr(rows, "LOOP_STAGES", 0)
+    awq_rows(x, qweight, zeros, scales, 64, chunk, tile=RowsTile(4, 128))
+    monkeypatch.setattr(rows, "LOOP_STAGES", 3)
+    awq_rows(x, qweight, zeros, scales, 64, chunk, tile=RowsTile(4, 128))
+    awq_rows(x, qweight, zeros, scales, 64, chunk, tile=RowsTile(4, 128, loop_stages=2))
+    assert [kw["STAGES"] for kw in launched] == [0, 3, 2]
+    row = {"block_n": 8, "block_k": 1024, "num_warps": 4, "loop_stages": 2, "ms": 0.02}
+    monkeypatch.setattr(rows, "tuned_config", lambda *a: row)
+    monkeypatch.setattr(rows, "SWEEP_TILE", False)
+    tile = rows.rows_tile(torch.device("cpu"), "gated", 1, 28672, 4096, 128)
+    assert tile == RowsTile(8, 1024, 4, None, 2)
