@@ -9,7 +9,7 @@
 #          at batch 1 and 16, CUDA graphs).
 #   one:   what fits one call: the greedy check (bf16, AWQ, FP8), W2 0.6B (bf16 and AWQ on
 #          and off, bf16 without prefetch), W2 8B (bf16, AWQ, FP8 on and off), W1 0.6B.
-#          ONE_PARTS picks the parts (default check,w2_06b,w2_8b,w1); two more exist:
+#          ONE_PARTS picks the parts (default check,w2_06b,w2_8b,w1); three more exist:
 #          compile  W2 0.6B with torch.compile's forward in the graph against eager, both
 #                   one captured size (issue 14 item 2, never measured)
 #          w1seqs   W1 0.6B at vLLM's H100/H200 offline defaults (--max-num-seqs 1024
