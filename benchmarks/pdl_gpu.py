@@ -43,7 +43,7 @@ def child(model: Path, labels: list[str], dump: Path) -> None:
         folder = model.with_name(model.name + "-awq") if label == "awq" else model
         llm = LLM(
             str(folder), load_format="dummy", dtype="bfloat16",
-            kv_cache_memory_bytes=2 << 30, **MODELS[label],
+            kv_cache_memory_bytes=2 << 30, max_model_len=4096, **MODELS[label],
         )  # fmt: skip
         start = time.perf_counter()
         one = llm.generate(PROMPTS[:1], params, use_tqdm=False)  # batch 1
