@@ -78,10 +78,10 @@ SWEEP_TILE = any(f"ENGINE_AWQ_ROWS_BLOCK_{x}" in os.environ for x in "NK")
 # steps' code words and activations (cp.async into shared memory) while this step's
 # arithmetic runs; 0 keeps the plain loop, where they leave only after it. The launch's
 # num_stages (RowsTile.num_stages) does not pipeline this loop (sm90 machine code: no
-# cp.async at any num_stages), so no sweep has timed a pipelined loop yet; off until a GPU
-# has (ENGINE_AWQ_LOOP_STAGES). The wide GEMV keeps its plain loop: pipelined, it spills
-# (255 registers, 82 KB of shared memory at 2 stages: its activations are staged once a
-# column).
+# cp.async at any num_stages). Off (ENGINE_AWQ_LOOP_STAGES): at 2 stages the table's tiles
+# made W2 8B 5.5x slower on an H100 (round 19). The wide GEMV keeps its plain loop:
+# pipelined, it spills (255 registers, 82 KB of shared memory at 2 stages: its activations
+# are staged once a column).
 LOOP_STAGES = int(os.environ.get("ENGINE_AWQ_LOOP_STAGES", "0"))
 
 

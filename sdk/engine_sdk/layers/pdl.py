@@ -21,8 +21,9 @@ The contract, for a kernel that takes ``PDL``:
 A kernel launched without the attribute (torch's, cuBLAS's, any launch without
 ``pdl_launch``) waits for everything before it, as always.
 
-Off by default until a GPU has run it: ``ENGINE_PDL=1`` turns it on (``benchmarks/
-pdl_gpu.py`` checks greedy tokens on and off, ``benchmarks/round17_gpu.sh`` times it).
+Off by default: on an H100 it made W2 6-36% slower (docs/performance.md, round 19).
+``ENGINE_PDL=1`` turns it on (``benchmarks/pdl_gpu.py`` checks greedy tokens on and off,
+``benchmarks/round17_gpu.sh`` times it).
 """
 
 from __future__ import annotations
