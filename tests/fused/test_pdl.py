@@ -243,9 +243,9 @@ class _FakeCuda:
     "enabled,capability,interpret,expected",
     [
         (True, 9, None, {"PDL": True, "launch_pdl": True}),  # H100 / H200
-        (True, 8, None, {}),  # A100: no griddepcontrol
-        (False, 9, None, {}),  # ENGINE_PDL=0
-        (True, 9, "1", {}),  # Triton's interpreter
+        (True, 8, None, {"PDL": False}),  # A100: no griddepcontrol
+        (False, 9, None, {"PDL": False}),  # ENGINE_PDL=0
+        (True, 9, "1", {"PDL": False}),  # Triton's interpreter
     ],
 )
 def test_pdl_launch_keywords(
@@ -262,4 +262,10 @@ def test_pdl_launch_keywords(
     else:
         monkeypatch.setenv("TRITON_INTERPRET", interpret)
     assert pdl.pdl_launch(types.SimpleNamespace(is_cuda=True, device=_FakeCuda.device)) == expected
-    assert pdl.pdl_launch(torch.zeros(1)) == {}  # a CPU tensor never
+    assert pdl.pdl_launch(torch.zeros(1)) == {"PDL": False}  # a CPU tensor never
+    # a prefetching GEMV also names PREFETCH, off without PDL (torch.compile's launchers
+    # need every constexpr named)
+    with_prefetch = pdl.pdl_launch(
+        types.SimpleNamespace(is_cuda=True, device=_FakeCuda.device), prefetch=True
+    )
+    assert with_prefetch == {**expected, "PREFETCH": expected["PDL"] and pdl.PREFETCH}

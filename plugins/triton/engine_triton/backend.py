@@ -173,6 +173,7 @@ class TritonAttentionBackend(AttentionBackend):
                 HEAD_DIM=self.config.head_dim,
                 HEAD_DIM_P=self.head_dim_p,
                 FP8=kv_cache.dtype == torch.float8_e4m3fn,
+                FP8_MAX=torch.finfo(torch.float8_e4m3fn).max,  # named: torch.compile needs it
                 **pdl_launch(key),
             )
         return self.forward_stored(query, kv_cache, metadata)

@@ -330,3 +330,24 @@ def test_prefill_work_runs_heaviest_query_blocks_first():
     ]
     assert cost == sorted(cost, reverse=True)
     assert cost[0] > cost[-1]
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_decode_launches_name_every_constexpr(splits, monkeypatch):
+    """The decode step's attention launches (KV store, attention; split or not) name every
+    constexpr, defaults included, as torch.compile's launchers need
+    (``engine_sdk.testing.launches``). Triton's interpreter: CPU only."""
+    if DEVICE == "cuda":
+        pytest.skip("records the interpreter's launches")
+    from engine_sdk.testing.launches import recorded_launches
+    from engine_triton import backend as triton_backend
+
+    monkeypatch.setattr(triton_backend, "MAX_KV_SPLITS", splits)
+    monkeypatch.setattr(triton_backend, "SPLIT_PROGRAMS_PER_SM", 10**6)
+    with recorded_launches() as seen:
+        run_attention_case(
+            triton_backend.TritonAttentionBackend, _SPLIT_DECODE_CASES[0], device=DEVICE,
+            dtype=torch.float32,
+        )  # fmt: skip
+    assert seen.kernels
+    assert seen.unpassed == set(), seen.unpassed

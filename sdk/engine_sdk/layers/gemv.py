@@ -88,6 +88,13 @@ FP8_GATED_BLOCK_N = int(os.environ.get("ENGINE_GEMV_FP8_GATED_BLOCK_N", "2"))
 # Pipeline stages of the plain kernel's K loop (gemv_kernel's STAGES; 0: the plain loop).
 # Off: 2 stages were 1-4% slower at W2 8B on an H100 (round 19); ENGINE_GEMV_LOOP_STAGES for sweeps.
 LOOP_STAGES = int(os.environ.get("ENGINE_GEMV_LOOP_STAGES", "0"))
+# The kernels' LoRA constexprs without an adapter, and the shrink's K step: named at every
+# launch, defaults included, as torch.compile needs (engine_sdk.testing.launches).
+SHRINK_K = 256
+NO_LORA: dict[str, object] = {
+    "LORA": False, "NUM_SLICES": 1, "BLOCK_R": 16, "BLOCK_P": 1, "SHRINK": False,
+    "SHRINK_K": SHRINK_K,
+}  # fmt: skip
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -232,6 +239,7 @@ class LoRAEpilogue(NamedTuple):
             "BLOCK_R": max(16, 1 << (rank - 1).bit_length()),
             "BLOCK_P": 1 << (self.parts.shape[0] - 1).bit_length(),
             "SHRINK": self.shrink is not None,
+            "SHRINK_K": SHRINK_K,
         }
 
 
@@ -240,7 +248,8 @@ def _lora_args(
 ) -> tuple[tuple[object, ...], dict[str, object]]:
     assert lora is None or lora.expand or lora.shrink is not None, "no shrink, no expand"
     if lora is None:  # the pointers are never read (LORA off): any tensor does
-        return (weight, weight, weight, weight, 0, 0, 0, 0, 0, 0, weight, weight, 0, 1, 0, 0, 0), {}
+        args = (weight, weight, weight, weight, 0, 0, 0, 0, 0, 0, weight, weight, 0, 1, 0, 0, 0)
+        return args, NO_LORA
     assert lora.parts.stride(-1) == 1 and lora.lora_b.stride(-1) == 1
     return lora.args(), lora.constants()
 

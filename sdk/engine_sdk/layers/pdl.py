@@ -15,7 +15,7 @@ The contract, for a kernel that takes ``PDL``:
   (so no program can read what the previous kernel still writes, nor finish before it:
   the kernel after it, waiting on this one, then also waits on the one before);
 - its launch passes ``**pdl_launch(x)``: ``PDL=True`` and Triton's ``launch_pdl=True``
-  on a CUDA device of compute capability 9 or more, nothing elsewhere (CPU, the
+  on a CUDA device of compute capability 9 or more, ``PDL=False`` elsewhere (CPU, the
   interpreter, older GPUs), where the kernel compiles as before.
 
 A kernel launched without the attribute (torch's, cuBLAS's, any launch without
@@ -56,11 +56,14 @@ def pdl_enabled(x: torch.Tensor) -> bool:
 
 def pdl_launch(x: torch.Tensor, prefetch: bool = False) -> dict[str, bool]:
     """The launch keywords of a ``PDL`` kernel working on ``x``: ``{"PDL": True,
-    "launch_pdl": True}`` where :func:`pdl_enabled`, else none (``PDL`` keeps its
-    default, False). ``prefetch``: the kernel takes ``PREFETCH`` too (a GEMV that calls
-    :func:`pdl_prefetch_rows`), set from ``ENGINE_PDL_PREFETCH`` (default on)."""
+    "launch_pdl": True}`` where :func:`pdl_enabled`, else ``{"PDL": False}``.
+    ``prefetch``: the kernel takes ``PREFETCH`` too (a GEMV that calls
+    :func:`pdl_prefetch_rows`), set from ``ENGINE_PDL_PREFETCH`` (default on) with PDL,
+    False without. The constexprs are passed even at their defaults: torch.compile's
+    launcher of a user kernel has no argument for a constexpr the call site left out
+    (``engine_sdk.testing.launches``)."""
     if not pdl_enabled(x):
-        return {}
+        return {"PDL": False, **({"PREFETCH": False} if prefetch else {})}
     return {"PDL": True, "launch_pdl": True, **({"PREFETCH": PREFETCH} if prefetch else {})}
 
 
