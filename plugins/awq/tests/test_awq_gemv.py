@@ -216,3 +216,20 @@ def test_gemv_add_rms_norm_equals_norm_then_gemv(
     assert _rel_err(out, _want(normed, reference, b)) <= TOLERANCE[dtype]
     unfused = awq_gemv(normed, qweight, zeros, scales, group_size, chunk, b, config)
     assert _rel_err(out, unfused.double().cpu()) <= TOLERANCE[dtype] / 4
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5])  # fma, dot
+def test_launches_name_every_constexpr(num_tokens: int) -> None:
+    """The default split-K launch names every constexpr, defaults included, as
+    torch.compile's launchers need (``engine_sdk.testing.launches``; Triton's interpreter,
+    so CPU only)."""
+    if DEVICE == "cuda":
+        pytest.skip("records the interpreter's launches")
+    from engine_sdk.testing.launches import recorded_launches
+
+    qweight, zeros, scales, chunk, _ = _tiled(384, 72, 64, seed=num_tokens)
+    x = _x(num_tokens, 384, torch.bfloat16, seed=num_tokens)
+    with recorded_launches() as seen:
+        awq_gemv(x, qweight, zeros, scales, 64, chunk)
+    assert seen.kernels
+    assert seen.unpassed == set(), seen.unpassed

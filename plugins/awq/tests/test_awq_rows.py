@@ -341,3 +341,22 @@ def test_loop_stages_come_from_the_tile_else_the_switch(monkeypatch: pytest.Monk
     monkeypatch.setattr(rows, "SWEEP_TILE", False)
     tile = rows.rows_tile(torch.device("cpu"), "gated", 1, 28672, 4096, 128)
     assert tile == RowsTile(8, 1024, 4, None, 2)
+
+
+@pytest.mark.parametrize("tile", [RowsTile(block_n=8), WideTile(8, 256)], ids=["rows", "wide"])
+def test_launches_name_every_constexpr(tile: RowsTile | WideTile) -> None:
+    """The one-token launches, plain and gated with the norm, name every constexpr,
+    defaults included, as torch.compile's launchers need (``engine_sdk.testing.launches``;
+    Triton's interpreter, so CPU only)."""
+    if DEVICE == "cuda":
+        pytest.skip("records the interpreter's launches")
+    from engine_sdk.testing.launches import recorded_launches
+
+    qweight, zeros, scales, chunk, _ = _tiled(384, 72, 64, seed=7)
+    x = _x(1, 384, torch.bfloat16, seed=1)
+    with recorded_launches() as seen:
+        awq_rows(x, qweight, zeros, scales, 64, chunk, None, tile)
+        check_gated(1, torch.bfloat16, tile)
+    kernel = "awq_wide_kernel" if isinstance(tile, WideTile) else "awq_rows_kernel"
+    assert kernel in seen.kernels, seen.kernels
+    assert seen.unpassed == set(), seen.unpassed

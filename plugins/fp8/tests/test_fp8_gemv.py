@@ -181,3 +181,20 @@ def test_norm_launch_takes_its_own_tuned_row(monkeypatch: pytest.MonkeyPatch) ->
     )
     del rows["fp8_norm"]
     assert gemv_mod.gemv_config(dev, 1, 4096, 1024, norm=True).block_n == 2
+
+
+@pytest.mark.parametrize("num_tokens", [1, 5])  # fma, dot
+def test_launches_name_every_constexpr(num_tokens: int) -> None:
+    """The default split-K launch (and its last-program merge) names every constexpr,
+    defaults included, as torch.compile's launchers need (``engine_sdk.testing.launches``;
+    Triton's interpreter, so CPU only)."""
+    if DEVICE == "cuda":
+        pytest.skip("records the interpreter's launches")
+    from engine_sdk.testing.launches import recorded_launches
+
+    q, scale, block, _ = _weights("channel", 72, 384, seed=num_tokens)
+    x = _x(num_tokens, 384, torch.bfloat16, seed=num_tokens)
+    with recorded_launches() as seen:
+        fp8_gemv(x, q, scale, block)
+    assert seen.kernels
+    assert seen.unpassed == set(), seen.unpassed
