@@ -234,12 +234,12 @@ class LoRAEpilogue(NamedTuple):
     def constants(self) -> dict[str, object]:
         rank = self.lora_b.shape[2]
         return {
+            **NO_LORA,  # the same constexprs, each named (SHRINK_K as without an adapter)
             "LORA": self.expand,
             "NUM_SLICES": self.num_slices,
             "BLOCK_R": max(16, 1 << (rank - 1).bit_length()),
             "BLOCK_P": 1 << (self.parts.shape[0] - 1).bit_length(),
             "SHRINK": self.shrink is not None,
-            "SHRINK_K": SHRINK_K,
         }
 
 
